@@ -1,0 +1,10 @@
+//! edgelimit: an Envoy-compatible external rate-limit server.
+//!
+//! Layers, inner to outer: [`contract`] (provider-neutral port) ← [`algorithm`] (pure rules) ←
+//! [`memory`] / [`redis`] (backends) ← [`policy`] (YAML, matching) ← [`envoy`] (gRPC) ←
+//! [`bootstrap`] (composition).
+#![forbid(unsafe_code)]
+
+pub mod algorithm;
+pub mod contract;
+pub mod subject;

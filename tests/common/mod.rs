@@ -1,0 +1,4 @@
+//! Shared harness for end-to-end tests against real processes.
+#![allow(dead_code)]
+
+pub mod redis_server;
