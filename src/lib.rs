@@ -8,3 +8,7 @@
 pub mod algorithm;
 pub mod contract;
 pub mod subject;
+pub mod redis;
+pub mod bootstrap;
+pub mod envoy;
+pub mod policy;

@@ -1,1 +1,132 @@
-fn main() {}
+//! `edgelimit` command line: composes the library; no logic of its own.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use edgelimit::bootstrap::{self, ServerConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "edgelimit",
+    version,
+    about = "Envoy-compatible external rate-limit server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gRPC server.
+    Serve {
+        /// Server configuration file (YAML). Without one, every setting has its default.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Overrides `listen`.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Overrides `admin_listen`.
+        #[arg(long)]
+        admin_listen: Option<std::net::SocketAddr>,
+        /// Overrides `policy_dir`.
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
+        /// Overrides `redis.url` (and so selects the Redis backend).
+        #[arg(long, env = "EDGELIMIT_REDIS_URL")]
+        redis_url: Option<String>,
+        /// Log as JSON lines.
+        #[arg(long)]
+        log_json: bool,
+    },
+}
+
+fn init_logging(config: &ServerConfig) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EDGELIMIT_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if config.log.json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown requested; finishing in-flight requests");
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            admin_listen,
+            policy_dir,
+            redis_url,
+            log_json,
+        } => {
+            let mut server_config = match config {
+                Some(path) => match ServerConfig::load(&path) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                None => ServerConfig::default(),
+            };
+            if let Some(listen) = listen {
+                server_config.listen = listen;
+            }
+            if let Some(admin) = admin_listen {
+                server_config.admin_listen = admin;
+            }
+            if let Some(dir) = policy_dir {
+                server_config.policy_dir = dir;
+            }
+            if redis_url.is_some() {
+                server_config.redis.url = redis_url;
+            }
+            server_config.log.json |= log_json;
+            init_logging(&server_config);
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(bootstrap::serve(server_config, shutdown_signal(), None)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

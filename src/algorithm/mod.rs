@@ -56,3 +56,6 @@ pub struct ProgramReply {
 
 /// Schema version stored in every state hash (field `v`) and passed as ARGV[1].
 pub const SCHEMA_VERSION: &str = "1";
+
+mod verdict;
+pub use verdict::outcome_from_reply;

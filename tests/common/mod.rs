@@ -2,3 +2,4 @@
 #![allow(dead_code)]
 
 pub mod redis_server;
+pub mod server;

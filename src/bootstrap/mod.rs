@@ -1,0 +1,10 @@
+//! Composition: reads configuration, builds the backend, policies and services, and runs
+//! them. Holds no rate-limit logic of its own.
+
+pub mod config;
+pub mod duration;
+pub mod secret;
+mod serve;
+
+pub use config::{BackendKind, ServerConfig};
+pub use serve::{load_policies, serve, ServeHandle};

@@ -1,0 +1,478 @@
+//! Envoy's `RateLimitService`: translates requests into policy lookups and backend
+//! evaluations, and answers with statuses and headers. Uncertain outcomes fail closed.
+
+mod deadline;
+mod headers;
+mod translate;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as EnvoyUnit, Code, DescriptorStatus, RateLimit as EnvoyRateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use futures_util::future::join_all;
+use tonic::{Request, Response, Status};
+
+use crate::contract::{
+    Cost, RateLimitDecision, RateLimitOutcome, RateLimitPort, RateLimitRequest as PortRequest,
+};
+use crate::policy::{Limit, PolicySet, Unit};
+use crate::subject::SubjectHasher;
+
+pub use deadline::parse_grpc_timeout;
+pub use headers::{HeaderFacts, HeaderSettings};
+pub use translate::{RequestBounds, RequestError};
+
+/// How an outcome that is not a decision reaches Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Answer `OVER_LIMIT` (with `Retry-After`): denies even with Envoy's default
+    /// `failure_mode_deny: false`.
+    #[default]
+    OverLimit,
+    /// Answer gRPC `UNAVAILABLE`: denies only if Envoy sets `failure_mode_deny: true`.
+    GrpcUnavailable,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceSettings {
+    pub failure_mode: FailureMode,
+    pub headers: HeaderSettings,
+    /// Report every would-be denial as OK (counted as shadow_denied).
+    pub shadow_mode: bool,
+    /// Deadline for callers that send no `grpc-timeout`.
+    pub default_timeout: Duration,
+    pub bounds: RequestBounds,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        Self {
+            failure_mode: FailureMode::OverLimit,
+            headers: HeaderSettings::default(),
+            shadow_mode: false,
+            default_timeout: Duration::from_secs(1),
+            bounds: RequestBounds::default(),
+        }
+    }
+}
+
+/// The rate limiter behind the gRPC service; usable without gRPC (tests, tools).
+pub struct RateLimiter<B> {
+    policies: Arc<ArcSwap<PolicySet>>,
+    backend: Arc<B>,
+    hasher: Arc<SubjectHasher>,
+    settings: ServiceSettings,
+}
+
+/// One limit to evaluate for one descriptor.
+struct Applied<'p> {
+    descriptor: usize,
+    limit: Cow<'p, Limit>,
+    shadow: bool,
+}
+
+/// What a limit came to.
+struct Evaluated<'p> {
+    applied: Applied<'p>,
+    outcome: RateLimitOutcome,
+}
+
+impl<B: RateLimitPort> RateLimiter<B> {
+    pub fn new(
+        policies: Arc<ArcSwap<PolicySet>>,
+        backend: Arc<B>,
+        hasher: Arc<SubjectHasher>,
+        settings: ServiceSettings,
+    ) -> Self {
+        Self {
+            policies,
+            backend,
+            hasher,
+            settings,
+        }
+    }
+
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+
+    pub async fn decide(
+        &self,
+        request: &RateLimitRequest,
+        deadline: Instant,
+    ) -> Result<RateLimitResponse, Status> {
+        translate::validate(request, &self.settings.bounds)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let policies = self.policies.load_full();
+        let applied = self.applicable_limits(&policies, request)?;
+
+        let mut port_requests = Vec::with_capacity(applied.len());
+        for item in &applied {
+            let descriptor = &request.descriptors[item.descriptor];
+            let units = translate::descriptor_cost(request.hits_addend, descriptor);
+            let cost = match units {
+                0 => Cost::Peek,
+                n => Cost::consume(n).map_err(|e| Status::invalid_argument(e.to_string()))?,
+            };
+            let policy = &item.limit.policy;
+            if units > policy.max_cost() {
+                return Err(Status::invalid_argument(
+                    RequestError::CostAboveMaximum {
+                        descriptor: item.descriptor,
+                        cost: units,
+                        max: policy.max_cost(),
+                    }
+                    .to_string(),
+                ));
+            }
+            let subject = self.hasher.digest(
+                &request.domain,
+                descriptor
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str())),
+            );
+            port_requests.push(PortRequest::new(policy, subject, cost, None, deadline));
+        }
+
+        let evaluations = applied.iter().zip(&port_requests).map(|(item, request)| async {
+            match request {
+                Ok(request) => self.backend.evaluate(&item.limit.policy, request).await,
+                // Only an expired deadline can fail here (cost was checked above).
+                Err(_) => RateLimitOutcome::Unavailable {
+                    policy_id: item.limit.policy.id().clone(),
+                    retry_after: Duration::from_secs(1),
+                    cause: crate::contract::UnavailableCause::DeadlineTooShort,
+                },
+            }
+        });
+        let outcomes = join_all(evaluations).await;
+        let evaluated: Vec<Evaluated<'_>> = applied
+            .into_iter()
+            .zip(outcomes)
+            .map(|(applied, outcome)| Evaluated { applied, outcome })
+            .collect();
+        self.respond(request, &evaluated)
+    }
+
+    /// Limits that apply to each descriptor, after `replaces` across the whole request.
+    fn applicable_limits<'p>(
+        &self,
+        policies: &'p PolicySet,
+        request: &RateLimitRequest,
+    ) -> Result<Vec<Applied<'p>>, Status> {
+        let mut applied = Vec::with_capacity(request.descriptors.len());
+        if !policies.has_domain(&request.domain) {
+            return Ok(applied);
+        }
+        let mut replaced: Vec<&str> = Vec::new();
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            if let Some(limit) = override_limit(policies, &request.domain, index, descriptor)? {
+                applied.push(Applied {
+                    descriptor: index,
+                    limit: Cow::Owned(limit),
+                    shadow: self.settings.shadow_mode,
+                });
+                continue;
+            }
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()));
+            let Some(rule) = policies.find(&request.domain, entries) else {
+                continue;
+            };
+            replaced.extend(rule.replaces.iter().map(String::as_str));
+            for limit in &rule.limits {
+                applied.push(Applied {
+                    descriptor: index,
+                    limit: Cow::Borrowed(limit),
+                    shadow: rule.shadow_mode || self.settings.shadow_mode,
+                });
+            }
+        }
+        if !replaced.is_empty() {
+            applied.retain(|a| {
+                a.limit
+                    .name
+                    .as_deref()
+                    .is_none_or(|name| !replaced.contains(&name))
+            });
+        }
+        Ok(applied)
+    }
+
+    fn respond(
+        &self,
+        request: &RateLimitRequest,
+        evaluated: &[Evaluated<'_>],
+    ) -> Result<RateLimitResponse, Status> {
+        let policies = self.policies.load();
+        let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(request.descriptors.len());
+        let mut headline: Option<(&Evaluated<'_>, Restriction)> = None;
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let mine = evaluated.iter().filter(|e| e.applied.descriptor == index);
+            let mut worst: Option<(&Evaluated<'_>, Restriction)> = None;
+            for e in mine {
+                record_metrics(e);
+                if !e.applied.shadow && !matches!(e.outcome, RateLimitOutcome::Evaluated(_)) {
+                    if self.settings.failure_mode == FailureMode::GrpcUnavailable {
+                        return Err(Status::unavailable(format!(
+                            "rate limit backend outcome for policy {} is {} ({})",
+                            e.applied.limit.policy.id(),
+                            e.outcome.category(),
+                            e.outcome.cause()
+                        )));
+                    }
+                }
+                let r = Restriction::of(e);
+                if worst.as_ref().is_none_or(|(_, w)| r > *w) {
+                    worst = Some((e, r));
+                }
+            }
+            let status = match &worst {
+                Some((e, r)) => {
+                    if headline.as_ref().is_none_or(|(_, h)| r > h) {
+                        headline = Some((e, *r));
+                    }
+                    descriptor_status(e)
+                }
+                None if self.is_unlimited(&policies, &request.domain, descriptor) => {
+                    DescriptorStatus {
+                        code: Code::Ok as i32,
+                        limit_remaining: u32::MAX,
+                        ..Default::default()
+                    }
+                }
+                None => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                },
+            };
+            statuses.push(status);
+        }
+        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+        let response_headers_to_add = headline
+            .map(|(e, _)| headers::build(&self.settings.headers, &header_facts(e)))
+            .unwrap_or_default();
+        Ok(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add,
+            ..Default::default()
+        })
+    }
+
+    fn is_unlimited(
+        &self,
+        policies: &PolicySet,
+        domain: &str,
+        descriptor: &RateLimitDescriptor,
+    ) -> bool {
+        descriptor.limit.is_none()
+            && policies
+                .find(
+                    domain,
+                    descriptor
+                        .entries
+                        .iter()
+                        .map(|e| (e.key.as_str(), e.value.as_str())),
+                )
+                .is_some_and(|rule| rule.unlimited)
+    }
+}
+
+fn override_limit(
+    policies: &PolicySet,
+    domain: &str,
+    index: usize,
+    descriptor: &RateLimitDescriptor,
+) -> Result<Option<Limit>, Status> {
+    let Some(limit) = &descriptor.limit else {
+        return Ok(None);
+    };
+    // envoy.type.v3.RateLimitUnit: the override has no WEEK.
+    let unit = match limit.unit {
+        1 => Unit::Second,
+        2 => Unit::Minute,
+        3 => Unit::Hour,
+        4 => Unit::Day,
+        5 => Unit::Month,
+        6 => Unit::Year,
+        other => {
+            return Err(Status::invalid_argument(
+                RequestError::OverrideUnit {
+                    descriptor: index,
+                    unit: other,
+                }
+                .to_string(),
+            ))
+        }
+    };
+    policies
+        .override_limit(domain, u64::from(limit.requests_per_unit), unit)
+        .map(Some)
+        .map_err(|e| Status::invalid_argument(format!("descriptors[{index}].limit: {e}")))
+}
+
+/// Orders outcomes from least to most restrictive: allowed (more remaining is less
+/// restrictive), denied (longer retry is more restrictive), failed (always most).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Restriction {
+    Allowed { remaining_inverse: u64 },
+    Denied { retry_after: Duration },
+    Failed,
+}
+
+impl Restriction {
+    fn of(e: &Evaluated<'_>) -> Self {
+        match &e.outcome {
+            RateLimitOutcome::Evaluated(d) if d.allowed => Restriction::Allowed {
+                remaining_inverse: u64::MAX - d.remaining,
+            },
+            RateLimitOutcome::Evaluated(d) => Restriction::Denied {
+                retry_after: d.retry_after,
+            },
+            _ => Restriction::Failed,
+        }
+    }
+}
+
+fn envoy_unit(unit: Unit) -> EnvoyUnit {
+    match unit {
+        Unit::Second => EnvoyUnit::Second,
+        Unit::Minute => EnvoyUnit::Minute,
+        Unit::Hour => EnvoyUnit::Hour,
+        Unit::Day => EnvoyUnit::Day,
+        Unit::Week => EnvoyUnit::Week,
+        Unit::Month => EnvoyUnit::Month,
+        Unit::Year => EnvoyUnit::Year,
+    }
+}
+
+fn proto_duration(d: Duration) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn current_limit(limit: &Limit) -> EnvoyRateLimit {
+    EnvoyRateLimit {
+        name: limit.name.clone().unwrap_or_default(),
+        requests_per_unit: u32::try_from(limit.requests_per_unit).unwrap_or(u32::MAX),
+        unit: envoy_unit(limit.unit) as i32,
+    }
+}
+
+fn descriptor_status(e: &Evaluated<'_>) -> DescriptorStatus {
+    let limit = &e.applied.limit;
+    match &e.outcome {
+        RateLimitOutcome::Evaluated(d) => DescriptorStatus {
+            code: if d.allowed || e.applied.shadow {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            } as i32,
+            current_limit: Some(current_limit(limit)),
+            limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(proto_duration(d.reset_after())),
+            quota: None,
+        },
+        failed => DescriptorStatus {
+            // Fail closed: unavailable, indeterminate and incompatible never become OK,
+            // except for limits the operator runs in shadow mode.
+            code: if e.applied.shadow {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            } as i32,
+            current_limit: Some(current_limit(limit)),
+            limit_remaining: 0,
+            duration_until_reset: Some(proto_duration(failure_retry_after(failed))),
+            quota: None,
+        },
+    }
+}
+
+fn failure_retry_after(outcome: &RateLimitOutcome) -> Duration {
+    match outcome {
+        RateLimitOutcome::Unavailable { retry_after, .. }
+        | RateLimitOutcome::Indeterminate { retry_after, .. } => *retry_after,
+        _ => Duration::from_secs(1),
+    }
+}
+
+fn header_facts<'a>(e: &'a Evaluated<'_>) -> HeaderFacts<'a> {
+    let limit = &e.applied.limit;
+    let name = limit
+        .name
+        .as_deref()
+        .unwrap_or_else(|| limit.policy.id().as_str());
+    let enforced_denial = |d: &RateLimitDecision| !d.allowed && !e.applied.shadow;
+    match &e.outcome {
+        RateLimitOutcome::Evaluated(d) => HeaderFacts {
+            name,
+            limit: d.limit,
+            window_seconds: limit.window_seconds,
+            remaining: d.remaining,
+            reset_after: d.reset_after(),
+            retry_after: enforced_denial(d).then_some(d.retry_after),
+        },
+        failed => HeaderFacts {
+            name,
+            limit: limit.policy.params().limit(),
+            window_seconds: limit.window_seconds,
+            remaining: 0,
+            reset_after: failure_retry_after(failed),
+            retry_after: (!e.applied.shadow).then(|| failure_retry_after(failed)),
+        },
+    }
+}
+
+fn record_metrics(e: &Evaluated<'_>) {
+    let result = match &e.outcome {
+        RateLimitOutcome::Evaluated(d) if d.allowed => "allowed",
+        RateLimitOutcome::Evaluated(_) if e.applied.shadow => "shadow_denied",
+        RateLimitOutcome::Evaluated(_) => "denied",
+        _ if e.applied.shadow => "shadow_failed",
+        _ => "failed_closed",
+    };
+    metrics::counter!(
+        "edgelimit_decisions_total",
+        "policy" => e.applied.limit.policy.id().to_string(),
+        "result" => result
+    )
+    .increment(1);
+}
+
+#[tonic::async_trait]
+impl<B: RateLimitPort> RateLimitService for RateLimiter<B> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .unwrap_or(self.settings.default_timeout);
+        let deadline = started + timeout;
+        let result = self.decide(request.get_ref(), deadline).await;
+        metrics::histogram!("edgelimit_grpc_request_seconds")
+            .record(started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+}

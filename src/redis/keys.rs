@@ -1,0 +1,108 @@
+//! Physical state keys. The canonical form is
+//! `<prefix>rate:<policyId>:state:{<digest>}` where digest = SHA-256 over the length-prefixed
+//! (policyId, revision, algorithm, subjectDigest), truncated to 128 bits. The subject digest is
+//! already an HMAC, so no raw descriptor value can reach a key; the revision rolls keys when a
+//! policy changes. The braces make the digest the Redis Cluster hash tag, spreading subjects
+//! over slots while each program touches exactly one.
+
+use sha2::{Digest, Sha256};
+
+use crate::contract::{RateLimitPolicy, SubjectDigest};
+
+#[derive(Debug, Clone)]
+pub struct KeyBuilder {
+    prefix: String,
+}
+
+impl KeyBuilder {
+    pub const DEFAULT_PREFIX: &'static str = "edgelimit:";
+
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    pub fn state_key(&self, policy: &RateLimitPolicy, subject: &SubjectDigest) -> String {
+        let mut hasher = Sha256::new();
+        for part in [
+            policy.id().as_str().as_bytes(),
+            &policy.revision().to_be_bytes(),
+            policy.algorithm().as_str().as_bytes(),
+            subject.as_bytes(),
+        ] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        let digest = hasher.finalize();
+        let mut key = String::with_capacity(self.prefix.len() + policy.id().as_str().len() + 50);
+        key.push_str(&self.prefix);
+        key.push_str("rate:");
+        key.push_str(policy.id().as_str());
+        key.push_str(":state:{");
+        key.push_str(&hex::encode(&digest[..16]));
+        key.push('}');
+        key
+    }
+}
+
+impl Default for KeyBuilder {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_PREFIX)
+    }
+}
+
+/// Revision as written to ARGV[3] and the `r` field: fixed-width hex, exact for any u64.
+pub fn revision_arg(revision: u64) -> String {
+    format!("{revision:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{AlgorithmParams, PolicyId};
+
+    fn policy(revision: u64, params: AlgorithmParams) -> RateLimitPolicy {
+        RateLimitPolicy::new(PolicyId::new("edge.r1").unwrap(), revision, params, 1, 0, 0).unwrap()
+    }
+
+    const FW: AlgorithmParams = AlgorithmParams::FixedWindow {
+        limit: 5,
+        window_ms: 1000,
+    };
+
+    #[test]
+    fn key_has_canonical_shape_and_no_raw_subject() {
+        let subject = SubjectDigest::from_bytes([0x41; 32]);
+        let key = KeyBuilder::default().state_key(&policy(1, FW), &subject);
+        assert!(key.starts_with("edgelimit:rate:edge.r1:state:{"), "{key}");
+        assert!(key.ends_with('}'));
+        let tag = &key[key.find('{').unwrap() + 1..key.len() - 1];
+        assert_eq!(tag.len(), 32);
+        assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!key.contains(&hex::encode(subject.as_bytes())));
+    }
+
+    #[test]
+    fn revision_algorithm_and_subject_each_change_the_key() {
+        let keys = KeyBuilder::new("p:");
+        let s1 = SubjectDigest::from_bytes([1; 32]);
+        let s2 = SubjectDigest::from_bytes([2; 32]);
+        let base = keys.state_key(&policy(1, FW), &s1);
+        assert!(base.starts_with("p:rate:"));
+        assert_ne!(base, keys.state_key(&policy(2, FW), &s1));
+        assert_ne!(base, keys.state_key(&policy(1, FW), &s2));
+        let sliding = AlgorithmParams::SlidingWindow {
+            limit: 5,
+            window_ms: 1000,
+        };
+        assert_ne!(base, keys.state_key(&policy(1, sliding), &s1));
+        assert_eq!(base, keys.state_key(&policy(1, FW), &s1), "deterministic");
+    }
+
+    #[test]
+    fn revision_arg_is_fixed_width() {
+        assert_eq!(revision_arg(1), "0000000000000001");
+        assert_eq!(revision_arg(u64::MAX), "ffffffffffffffff");
+    }
+}

@@ -1,0 +1,240 @@
+//! Redis backend: keys, the atomic Lua programs, reply parsing and failure certainty.
+
+mod classify;
+mod connections;
+mod keys;
+mod programs;
+mod reply;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use crate::algorithm::outcome_from_reply;
+use crate::contract::{
+    BackendReadiness, DecisionSource, IncompatibleCause, IndeterminateCause, RateLimitOutcome,
+    RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
+};
+
+pub use classify::{classify, Failure};
+pub use connections::ConnectionSettings;
+pub use keys::{revision_arg, KeyBuilder};
+pub use programs::{Program, Programs};
+pub use reply::{parse as parse_reply, ReplyError};
+
+use connections::Connections;
+
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://[user:pass@]host:port/db`.
+    pub url: String,
+    pub key_prefix: String,
+    /// Fixed per-command budget; a request whose deadline is closer is refused before sending.
+    pub command_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Multiplexed connections shared by all requests.
+    pub connections: usize,
+    /// Commands in flight at most; more are refused before sending.
+    pub max_in_flight: usize,
+    /// Advised back-off for unavailable / indeterminate outcomes.
+    pub retry_after: Duration,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379/".into(),
+            key_prefix: KeyBuilder::DEFAULT_PREFIX.into(),
+            command_timeout: Duration::from_millis(10),
+            connect_timeout: Duration::from_secs(1),
+            connections: 2,
+            max_in_flight: 1024,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedisSetupError {
+    #[error("invalid Redis URL: {0}")]
+    Url(#[source] ::redis::RedisError),
+}
+
+pub struct RedisBackend {
+    connections: Connections,
+    admission: Arc<Semaphore>,
+    keys: KeyBuilder,
+    programs: Programs,
+    settings: RedisSettings,
+}
+
+impl RedisBackend {
+    /// Validates the settings and starts connecting in the background; evaluations before the
+    /// first connection is up are `Unavailable`.
+    pub fn start(settings: RedisSettings) -> Result<Self, RedisSetupError> {
+        let client = ::redis::Client::open(settings.url.as_str()).map_err(RedisSetupError::Url)?;
+        let connections = Connections::start(
+            client,
+            ConnectionSettings {
+                count: settings.connections,
+                connect_timeout: settings.connect_timeout,
+                health_check_interval: Duration::from_secs(1),
+                max_backoff: Duration::from_secs(2),
+            },
+        );
+        Ok(Self {
+            connections,
+            admission: Arc::new(Semaphore::new(settings.max_in_flight.max(1))),
+            keys: KeyBuilder::new(settings.key_prefix.clone()),
+            programs: Programs::load(),
+            settings,
+        })
+    }
+
+    pub fn settings(&self) -> &RedisSettings {
+        &self.settings
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.settings.max_in_flight.max(1) - self.admission.available_permits()
+    }
+
+    pub fn live_connections(&self) -> usize {
+        self.connections.live_count()
+    }
+
+    fn unavailable(&self, policy: &RateLimitPolicy, cause: UnavailableCause) -> RateLimitOutcome {
+        metrics::counter!("edgelimit_backend_failures_total", "category" => "unavailable", "cause" => cause.as_str()).increment(1);
+        RateLimitOutcome::Unavailable {
+            policy_id: policy.id().clone(),
+            retry_after: self.settings.retry_after,
+            cause,
+        }
+    }
+
+    fn failure(&self, policy: &RateLimitPolicy, failure: Failure) -> RateLimitOutcome {
+        match failure {
+            Failure::Unavailable(cause) => self.unavailable(policy, cause),
+            Failure::Indeterminate(cause) => {
+                metrics::counter!("edgelimit_backend_failures_total", "category" => "indeterminate", "cause" => cause.as_str()).increment(1);
+                RateLimitOutcome::Indeterminate {
+                    policy_id: policy.id().clone(),
+                    retry_after: self.settings.retry_after,
+                    cause,
+                }
+            }
+            Failure::Incompatible(cause) => {
+                metrics::counter!("edgelimit_backend_failures_total", "category" => "incompatible", "cause" => cause.as_str()).increment(1);
+                RateLimitOutcome::Incompatible {
+                    policy_id: policy.id().clone(),
+                    cause,
+                }
+            }
+        }
+    }
+
+    async fn run(
+        &self,
+        policy: &RateLimitPolicy,
+        request: &RateLimitRequest,
+        deadline: Instant,
+    ) -> RateLimitOutcome {
+        let Some(live) = self.connections.pick() else {
+            return self.unavailable(policy, UnavailableCause::ConnectFailed);
+        };
+        let program = self.programs.for_algorithm(policy.algorithm());
+        let key = self.keys.state_key(policy, request.subject());
+        let mut connection = live.connection.clone();
+        let started = Instant::now();
+        let mut sent_source = false;
+        let result = loop {
+            let cmd = programs::invocation(program, sent_source, &key, policy, request);
+            let sent =
+                tokio::time::timeout_at(deadline.into(), connection.send_packed_command(&cmd))
+                    .await;
+            match sent {
+                Err(_) => break Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
+                Ok(Ok(value)) => break Ok(value),
+                // Scripts are not replicated (Redis 7+) and vanish on restart or SCRIPT FLUSH:
+                // resend the exact source once. NOSCRIPT proves nothing ran.
+                Ok(Err(error))
+                    if !sent_source
+                        && error.kind()
+                            == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
+                {
+                    metrics::counter!("edgelimit_redis_noscript_reloads_total", "program" => program.name).increment(1);
+                    sent_source = true;
+                }
+                Ok(Err(error)) => {
+                    let failure = classify(&error);
+                    if failure.breaks_connection() {
+                        self.connections.mark_broken(&live);
+                    }
+                    tracing::debug!(%error, ?failure, "redis command failed");
+                    break Err(failure);
+                }
+            }
+        };
+        metrics::histogram!("edgelimit_redis_command_seconds", "program" => program.name)
+            .record(started.elapsed().as_secs_f64());
+        match result {
+            Err(failure) => self.failure(policy, failure),
+            Ok(value) => match reply::parse(&value, policy) {
+                Ok(reply) => outcome_from_reply(
+                    &reply,
+                    policy,
+                    DecisionSource::GlobalRedis,
+                    self.settings.retry_after,
+                ),
+                Err(error) => {
+                    tracing::warn!(%error, policy = %policy.id(), "incompatible program reply");
+                    self.failure(
+                        policy,
+                        Failure::Incompatible(IncompatibleCause::MalformedReply),
+                    )
+                }
+            },
+        }
+    }
+}
+
+impl RateLimitPort for RedisBackend {
+    async fn evaluate(
+        &self,
+        policy: &RateLimitPolicy,
+        request: &RateLimitRequest,
+    ) -> RateLimitOutcome {
+        if request.check_policy(policy).is_err() {
+            return self.failure(
+                policy,
+                Failure::Incompatible(IncompatibleCause::PolicyMismatch),
+            );
+        }
+        // Admission precheck: a command that could outlive the caller is never sent.
+        let now = Instant::now();
+        let command_deadline = now + self.settings.command_timeout;
+        if request.deadline() < command_deadline {
+            return self.unavailable(policy, UnavailableCause::DeadlineTooShort);
+        }
+        let Ok(_permit) = self.admission.try_acquire() else {
+            return self.unavailable(policy, UnavailableCause::AdmissionBoundReached);
+        };
+        self.run(policy, request, command_deadline).await
+    }
+
+    async fn readiness(&self) -> BackendReadiness {
+        if self.connections.live_count() > 0 {
+            BackendReadiness::Ready
+        } else {
+            BackendReadiness::NotReady("no live Redis connection".into())
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "redis ({} connections, command timeout {:?})",
+            self.settings.connections, self.settings.command_timeout
+        )
+    }
+}

@@ -1,0 +1,210 @@
+//! Runs the real `edgelimit` binary as a child process with a generated configuration, and
+//! gives tests a gRPC client built from envoy-types.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::Channel;
+
+use super::redis_server::free_port;
+
+pub const TEST_SECRET: &str = "test-secret-0123456789abcdef-0123456789";
+
+pub struct EdgelimitServer {
+    pub grpc_port: u16,
+    pub admin_port: u16,
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub policy_dir: PathBuf,
+    log: PathBuf,
+}
+
+/// Builder for a server configuration; `extra` is appended verbatim to the YAML.
+pub struct ServerOptions {
+    pub redis_url: Option<String>,
+    pub policies: Vec<(String, String)>,
+    pub extra: String,
+}
+
+impl ServerOptions {
+    pub fn redis(url: &str, policies: &[(&str, &str)]) -> Self {
+        Self {
+            redis_url: Some(url.to_owned()),
+            policies: policies
+                .iter()
+                .map(|(n, t)| (n.to_string(), t.to_string()))
+                .collect(),
+            extra: String::new(),
+        }
+    }
+
+    pub fn memory(policies: &[(&str, &str)]) -> Self {
+        Self {
+            redis_url: None,
+            ..Self::redis("", policies)
+        }
+    }
+
+    pub fn extra(mut self, yaml: &str) -> Self {
+        self.extra.push_str(yaml);
+        self.extra.push('\n');
+        self
+    }
+}
+
+impl EdgelimitServer {
+    pub fn start(options: ServerOptions) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let policy_dir = dir.path().join("policies");
+        std::fs::create_dir(&policy_dir).expect("policy dir");
+        for (name, text) in &options.policies {
+            std::fs::write(policy_dir.join(name), text).expect("write policy");
+        }
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, TEST_SECRET).expect("write secret");
+        let grpc_port = free_port();
+        let admin_port = free_port();
+        let mut yaml = format!(
+            "listen: 127.0.0.1:{grpc_port}\nadmin_listen: 127.0.0.1:{admin_port}\npolicy_dir: {}\nhmac_secret:\n  file: {}\n",
+            policy_dir.display(),
+            secret.display()
+        );
+        if let Some(url) = &options.redis_url {
+            yaml.push_str(&format!(
+                "redis:\n  url: {url}\n  command_timeout: 2s\n  connect_timeout: 500ms\n"
+            ));
+        }
+        yaml.push_str(&options.extra);
+        let config = dir.path().join("edgelimit.yaml");
+        std::fs::write(&config, yaml).expect("write config");
+        let log = dir.path().join("server.log");
+        let mut server = EdgelimitServer {
+            grpc_port,
+            admin_port,
+            child: None,
+            dir,
+            policy_dir,
+            log,
+        };
+        server.spawn(&config);
+        server
+    }
+
+    fn spawn(&mut self, config: &Path) {
+        let log = std::fs::File::create(&self.log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_edgelimit"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("EDGELIMIT_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn edgelimit");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.grpc_port)).is_ok() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("edgelimit exited early ({status}):\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("edgelimit did not listen in time:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn write_policy(&self, name: &str, text: &str) {
+        let tmp = self.policy_dir.join(format!(".{name}.tmp"));
+        let mut f = std::fs::File::create(&tmp).expect("create policy");
+        f.write_all(text.as_bytes()).expect("write policy");
+        f.sync_all().ok();
+        std::fs::rename(&tmp, self.policy_dir.join(name)).expect("rename policy");
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        let endpoint = format!("http://127.0.0.1:{}", self.grpc_port);
+        RateLimitServiceClient::connect(endpoint)
+            .await
+            .expect("connect to edgelimit")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+}
+
+impl Drop for EdgelimitServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// One call with Envoy's usual grpc-timeout.
+pub async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    req: RateLimitRequest,
+) -> Result<RateLimitResponse, tonic::Status> {
+    let mut r = tonic::Request::new(req);
+    r.set_timeout(Duration::from_secs(5));
+    client.should_rate_limit(r).await.map(|r| r.into_inner())
+}
+
+pub const OK: i32 = 1;
+pub const OVER_LIMIT: i32 = 2;
