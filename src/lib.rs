@@ -7,4 +7,5 @@
 
 pub mod algorithm;
 pub mod contract;
+pub mod policy;
 pub mod subject;
