@@ -6,9 +6,9 @@
 #![forbid(unsafe_code)]
 
 pub mod algorithm;
-pub mod contract;
-pub mod subject;
-pub mod redis;
 pub mod bootstrap;
+pub mod contract;
 pub mod envoy;
 pub mod policy;
+pub mod redis;
+pub mod subject;

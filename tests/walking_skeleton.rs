@@ -33,7 +33,7 @@ async fn fixed_window_counts_denies_without_consuming_and_keeps_keys_private() {
     let mut remaining = Vec::new();
     for _ in 0..3 {
         let r = call(&mut client, alice()).await.expect("call");
-        assert_eq!(r.overall_code, OK, "{r:?}");
+        assert_eq!(r.overall_code, OK, "{r:?}\n{}", server.log_text());
         let status = &r.statuses[0];
         assert_eq!(status.code, OK);
         let limit = status.current_limit.as_ref().expect("current_limit");

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::{ProgramReply, Status};
 use crate::contract::{
-    Certainty, DecisionSource, IncompatibleCause, RateLimitDecision, RateLimitOutcome,
-    RateLimitPolicy, UnavailableCause, Algorithm,
+    Algorithm, Certainty, DecisionSource, IncompatibleCause, RateLimitDecision, RateLimitOutcome,
+    RateLimitPolicy, UnavailableCause,
 };
 
 pub fn outcome_from_reply(

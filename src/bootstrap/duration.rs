@@ -17,7 +17,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        _ => return Err(format!("`{text}` has unknown unit `{unit}` (use ms, s, m, h or d)")),
+        _ => {
+            return Err(format!(
+                "`{text}` has unknown unit `{unit}` (use ms, s, m, h or d)"
+            ))
+        }
     };
     amount
         .checked_mul(ms_per_unit)

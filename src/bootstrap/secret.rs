@@ -31,12 +31,12 @@ pub fn load(source: &SecretSource) -> Result<Option<Zeroizing<Vec<u8>>>, SecretL
     let mut bytes = match (&source.file, &source.env) {
         (Some(_), Some(_)) => return Err(SecretLoadError::Ambiguous),
         (None, None) => return Ok(None),
-        (Some(path), None) => Zeroizing::new(std::fs::read(path).map_err(|source| {
-            SecretLoadError::File {
+        (Some(path), None) => {
+            Zeroizing::new(std::fs::read(path).map_err(|source| SecretLoadError::File {
                 path: path.clone(),
                 source,
-            }
-        })?),
+            })?)
+        }
         (None, Some(var)) => Zeroizing::new(
             std::env::var_os(var)
                 .ok_or_else(|| SecretLoadError::Env(var.clone()))?
@@ -96,7 +96,10 @@ mod tests {
     #[test]
     fn redis_requires_a_secret_memory_generates_one() {
         let none = SecretSource::default();
-        assert!(matches!(hasher(&none, true), Err(SecretLoadError::Required)));
+        assert!(matches!(
+            hasher(&none, true),
+            Err(SecretLoadError::Required)
+        ));
         let (_, generated) = hasher(&none, false).unwrap();
         assert!(generated);
         let both = SecretSource {

@@ -12,7 +12,6 @@ use super::config::{BackendKind, FailureModeConfig, ServerConfig};
 use super::secret;
 use crate::contract::{BackendReadiness, RateLimitPort};
 use crate::envoy::{FailureMode, HeaderSettings, RateLimiter, ServiceSettings};
-use crate::memory::{MemoryBackend, MemoryConfig};
 use crate::policy::{LoadOptions, PolicySet};
 use crate::redis::{RedisBackend, RedisSettings};
 
@@ -81,17 +80,9 @@ pub async fn serve(
     );
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
-        BackendKind::Memory => {
-            let (hasher, _) = secret::hasher(&config.hmac_secret, false)?;
-            let backend = MemoryBackend::new(MemoryConfig {
-                max_subjects: config.memory.max_subjects,
-                ..MemoryConfig::default()
-            });
-            tracing::warn!(
-                "memory backend: limits are local to this process and are not shared with other replicas"
-            );
-            run(config, policies, Arc::new(backend), hasher, shutdown, ready).await
-        }
+        BackendKind::Memory => anyhow::bail!(
+            "the embedded memory backend is not built into this revision yet; set redis.url"
+        ),
         BackendKind::Redis => {
             let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
             let url = config
@@ -108,6 +99,14 @@ pub async fn serve(
                 max_in_flight: config.redis.max_in_flight,
                 retry_after: config.redis.retry_after,
             })?;
+            // Serving before the first connection would deny every early request.
+            let bound = config.redis.connect_timeout * 2;
+            if !backend.wait_connected(bound).await {
+                tracing::error!(
+                    waited = ?bound,
+                    "Redis is not reachable; serving anyway and failing closed until it is"
+                );
+            }
             run(config, policies, Arc::new(backend), hasher, shutdown, ready).await
         }
     }

@@ -14,7 +14,11 @@ pub enum ContractError {
     #[error("{what} = {value} is outside the exact integer range (max {max})", max = super::MAX_EXACT_INTEGER)]
     BeyondExactRange { what: &'static str, value: u128 },
     #[error("{what} must be at least {min}, got {value}")]
-    BelowMinimum { what: &'static str, value: u64, min: u64 },
+    BelowMinimum {
+        what: &'static str,
+        value: u64,
+        min: u64,
+    },
     #[error("evaluation ids (request deduplication) are not supported by this revision")]
     EvaluationIdUnsupported,
     #[error("the caller deadline has already passed")]

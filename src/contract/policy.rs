@@ -281,7 +281,10 @@ mod tests {
             Err(ContractError::PolicyIdCharset),
             "spaces would let raw values leak into keys"
         );
-        assert!(PolicyId::new("x{y}").is_err(), "braces would change cluster slots");
+        assert!(
+            PolicyId::new("x{y}").is_err(),
+            "braces would change cluster slots"
+        );
     }
 
     #[test]
@@ -321,8 +324,13 @@ mod tests {
         assert!(ok.validate().is_ok(), "limit 0 is a valid block rule");
         assert!(matches!(
             RateLimitPolicy::new(id(), 1, ok, 0, 0, 0),
-            Err(ContractError::BelowMinimum { what: "max_cost", .. })
+            Err(ContractError::BelowMinimum {
+                what: "max_cost",
+                ..
+            })
         ));
-        assert!(RateLimitPolicy::new(id(), 1, ok, 1, RateLimitPolicy::MAX_SAFETY_MS + 1, 0).is_err());
+        assert!(
+            RateLimitPolicy::new(id(), 1, ok, 1, RateLimitPolicy::MAX_SAFETY_MS + 1, 0).is_err()
+        );
     }
 }

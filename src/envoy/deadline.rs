@@ -30,7 +30,10 @@ mod tests {
         assert_eq!(parse_grpc_timeout("1S"), Some(Duration::from_secs(1)));
         assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
         assert_eq!(parse_grpc_timeout("5000u"), Some(Duration::from_millis(5)));
-        assert_eq!(parse_grpc_timeout("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
     }
 
     #[test]

@@ -145,17 +145,20 @@ impl<B: RateLimitPort> RateLimiter<B> {
             port_requests.push(PortRequest::new(policy, subject, cost, None, deadline));
         }
 
-        let evaluations = applied.iter().zip(&port_requests).map(|(item, request)| async {
-            match request {
-                Ok(request) => self.backend.evaluate(&item.limit.policy, request).await,
-                // Only an expired deadline can fail here (cost was checked above).
-                Err(_) => RateLimitOutcome::Unavailable {
-                    policy_id: item.limit.policy.id().clone(),
-                    retry_after: Duration::from_secs(1),
-                    cause: crate::contract::UnavailableCause::DeadlineTooShort,
-                },
-            }
-        });
+        let evaluations = applied
+            .iter()
+            .zip(&port_requests)
+            .map(|(item, request)| async {
+                match request {
+                    Ok(request) => self.backend.evaluate(&item.limit.policy, request).await,
+                    // Only an expired deadline can fail here (cost was checked above).
+                    Err(_) => RateLimitOutcome::Unavailable {
+                        policy_id: item.limit.policy.id().clone(),
+                        retry_after: Duration::from_secs(1),
+                        cause: crate::contract::UnavailableCause::DeadlineTooShort,
+                    },
+                }
+            });
         let outcomes = join_all(evaluations).await;
         let evaluated: Vec<Evaluated<'_>> = applied
             .into_iter()

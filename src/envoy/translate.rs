@@ -46,7 +46,9 @@ pub enum RequestError {
     },
     #[error("descriptors[{descriptor}].entries[{entry}].key must not be empty")]
     EmptyKey { descriptor: usize, entry: usize },
-    #[error("descriptors[{descriptor}].entries[{entry}].key is {len} bytes, at most {max} allowed")]
+    #[error(
+        "descriptors[{descriptor}].entries[{entry}].key is {len} bytes, at most {max} allowed"
+    )]
     KeyTooLong {
         descriptor: usize,
         entry: usize,

@@ -102,7 +102,8 @@ mod tests {
             Failure::Indeterminate(IndeterminateCause::ConnectionLost)
         );
         assert!(classify(&reset).breaks_connection());
-        let loading = RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        let loading =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
         assert_eq!(
             classify(&loading),
             Failure::Unavailable(UnavailableCause::ServerRefused)

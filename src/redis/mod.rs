@@ -92,6 +92,18 @@ impl RedisBackend {
         })
     }
 
+    /// Waits until a connection is up, at most `bound`; returns whether one is.
+    pub async fn wait_connected(&self, bound: Duration) -> bool {
+        let deadline = Instant::now() + bound;
+        while self.connections.live_count() == 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
     pub fn settings(&self) -> &RedisSettings {
         &self.settings
     }
@@ -150,9 +162,11 @@ impl RedisBackend {
         let mut sent_source = false;
         let result = loop {
             let cmd = programs::invocation(program, sent_source, &key, policy, request);
-            let sent =
-                tokio::time::timeout_at(deadline.into(), connection.send_packed_command(&cmd))
-                    .await;
+            // Server error replies arrive as values; `extract_error` makes them errors.
+            let sent = tokio::time::timeout_at(deadline.into(), async {
+                connection.send_packed_command(&cmd).await?.extract_error()
+            })
+            .await;
             match sent {
                 Err(_) => break Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
                 Ok(Ok(value)) => break Ok(value),
@@ -188,7 +202,7 @@ impl RedisBackend {
                     self.settings.retry_after,
                 ),
                 Err(error) => {
-                    tracing::warn!(%error, policy = %policy.id(), "incompatible program reply");
+                    tracing::warn!(%error, policy = %policy.id(), ?value, "incompatible program reply");
                     self.failure(
                         policy,
                         Failure::Incompatible(IncompatibleCause::MalformedReply),

@@ -107,10 +107,18 @@ mod tests {
 
     #[test]
     fn parses_a_well_formed_reply() {
-        let r = parse(&reply("ALLOWED", [NOW, NOW, 10, 9, 0, NOW + 500]), &policy()).unwrap();
+        let r = parse(
+            &reply("ALLOWED", [NOW, NOW, 10, 9, 0, NOW + 500]),
+            &policy(),
+        )
+        .unwrap();
         assert_eq!(r.status, Status::Allowed);
         assert_eq!(r.remaining, 9);
-        let d = parse(&reply("DENIED", [NOW, NOW + 5, 10, 0, 495, NOW + 500]), &policy()).unwrap();
+        let d = parse(
+            &reply("DENIED", [NOW, NOW + 5, 10, 0, 495, NOW + 500]),
+            &policy(),
+        )
+        .unwrap();
         assert_eq!(d.retry_after_ms, 495);
     }
 
@@ -120,8 +128,14 @@ mod tests {
         let cases = [
             (Value::Nil, ReplyError::NotAnArray),
             (Value::Array(vec![]), ReplyError::Arity(0)),
-            (reply("MAYBE", [NOW, NOW, 10, 9, 0, NOW]), ReplyError::UnknownStatus),
-            (reply("ALLOWED", [NOW, NOW, 10, -1, 0, NOW]), ReplyError::Number(4)),
+            (
+                reply("MAYBE", [NOW, NOW, 10, 9, 0, NOW]),
+                ReplyError::UnknownStatus,
+            ),
+            (
+                reply("ALLOWED", [NOW, NOW, 10, -1, 0, NOW]),
+                ReplyError::Number(4),
+            ),
             (
                 reply("ALLOWED", [NOW, NOW, 1 << 53, 9, 0, NOW]),
                 ReplyError::Number(3),

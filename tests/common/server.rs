@@ -99,12 +99,14 @@ impl EdgelimitServer {
 
     fn spawn(&mut self, config: &Path) {
         let log = std::fs::File::create(&self.log).expect("log file");
+        let log_err = log.try_clone().expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_edgelimit"))
             .args(["serve", "--config"])
             .arg(config)
-            .env("EDGELIMIT_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
+            .env("EDGELIMIT_LOG", "edgelimit=debug,info")
+            .env("NO_COLOR", "1")
+            .stdout(log)
+            .stderr(log_err)
             .spawn()
             .expect("spawn edgelimit");
         self.child = Some(child);

@@ -1,0 +1,245 @@
+//! The descriptor tree, compiled for lookups that neither allocate nor lock.
+//!
+//! Per level and key, a request entry's value is tried against, in order:
+//! 1. the exact `value` (hash lookup);
+//! 2. wildcard values (containing `*`, which matches any run of characters, including
+//!    none). When several match, the one with the longest literal text before its first `*`
+//!    wins; ties go to the one declared first;
+//! 3. the key-only descriptor (no `value`), which matches any value.
+//!
+//! One node is chosen per level and there is no backtracking: if the chosen node has no
+//! child for the next entry, the request matches nothing (as in the reference).
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+
+/// Index into the matcher's node arena.
+pub(crate) type NodeId = usize;
+
+#[derive(Debug, Default)]
+pub(crate) struct Level {
+    keys: HashMap<Box<str>, KeyEntry>,
+}
+
+#[derive(Debug, Default)]
+struct KeyEntry {
+    exact: HashMap<Box<str>, NodeId>,
+    /// Sorted by literal prefix length (descending), then declaration order.
+    wildcards: Vec<Wildcard>,
+    any: Option<NodeId>,
+}
+
+#[derive(Debug)]
+struct Wildcard {
+    /// Literal text between the `*`s; at least two parts (prefix and suffix, maybe empty).
+    parts: Box<[Box<str>]>,
+    literal_len: usize,
+    node: NodeId,
+}
+
+impl Wildcard {
+    fn compile(pattern: &str, node: NodeId) -> Self {
+        let parts: Box<[Box<str>]> = pattern.split('*').map(Box::from).collect();
+        let literal_len = parts.iter().map(|p| p.len()).sum();
+        Wildcard {
+            parts,
+            literal_len,
+            node,
+        }
+    }
+
+    fn prefix_len(&self) -> usize {
+        self.parts.first().map_or(0, |p| p.len())
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        let (Some(first), Some(last)) = (self.parts.first(), self.parts.last()) else {
+            return false;
+        };
+        // Length first: it guarantees prefix and suffix do not overlap.
+        if value.len() < self.literal_len
+            || !value.starts_with(&**first)
+            || !value.ends_with(&**last)
+        {
+            return false;
+        }
+        let Some(mut rest) = value.get(first.len()..value.len().saturating_sub(last.len())) else {
+            return false;
+        };
+        let middle = self
+            .parts
+            .get(1..self.parts.len().saturating_sub(1))
+            .unwrap_or(&[]);
+        for part in middle {
+            // Leftmost match is optimal for `*`-only globs: it leaves the most text for the rest.
+            match rest.find(&**part) {
+                Some(at) => rest = rest.get(at + part.len()..).unwrap_or(""),
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+#[derive(Debug)]
+struct TreeNode {
+    rule: usize,
+    children: Level,
+}
+
+/// All domains' descriptor trees.
+#[derive(Debug, Default)]
+pub(crate) struct Matcher {
+    domains: HashMap<Box<str>, Level>,
+    nodes: Vec<TreeNode>,
+}
+
+/// Why a descriptor could not be inserted.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Duplicate;
+
+impl Matcher {
+    /// Adds a descriptor under `parent` (or at the domain's top level) and returns its node.
+    pub(crate) fn insert(
+        &mut self,
+        domain: &str,
+        parent: Option<NodeId>,
+        key: &str,
+        value: Option<&str>,
+        rule: usize,
+    ) -> Result<NodeId, Duplicate> {
+        let id = self.nodes.len();
+        let level = match parent {
+            None => self.domains.entry(Box::from(domain)).or_default(),
+            Some(p) => match self.nodes.get_mut(p) {
+                Some(node) => &mut node.children,
+                None => return Err(Duplicate),
+            },
+        };
+        let entry = level.keys.entry(Box::from(key)).or_default();
+        match value {
+            None if entry.any.is_some() => return Err(Duplicate),
+            None => entry.any = Some(id),
+            Some(v) if v.contains('*') => {
+                if entry.wildcards.iter().any(|w| w.parts.join("*") == v) {
+                    return Err(Duplicate);
+                }
+                let w = Wildcard::compile(v, id);
+                let at = entry
+                    .wildcards
+                    .iter()
+                    .position(|o| o.prefix_len() < w.prefix_len())
+                    .unwrap_or(entry.wildcards.len());
+                entry.wildcards.insert(at, w);
+            }
+            Some(v) => match entry.exact.entry(Box::from(v)) {
+                Entry::Occupied(_) => return Err(Duplicate),
+                Entry::Vacant(slot) => {
+                    slot.insert(id);
+                }
+            },
+        }
+        self.nodes.push(TreeNode {
+            rule,
+            children: Level::default(),
+        });
+        Ok(id)
+    }
+
+    /// The rule reached by consuming every entry, one level each; `None` for no entries or
+    /// no match.
+    pub(crate) fn find<'e>(
+        &self,
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<usize> {
+        let mut level = self.domains.get(domain)?;
+        let mut reached = None;
+        for (key, value) in entries {
+            let entry = level.keys.get(key)?;
+            let id = entry
+                .exact
+                .get(value)
+                .copied()
+                .or_else(|| {
+                    entry
+                        .wildcards
+                        .iter()
+                        .find(|w| w.matches(value))
+                        .map(|w| w.node)
+                })
+                .or(entry.any)?;
+            let node = self.nodes.get(id)?;
+            level = &node.children;
+            reached = Some(node.rule);
+        }
+        reached
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn glob(p: &str, v: &str) -> bool {
+        Wildcard::compile(p, 0).matches(v)
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("/api/*", "/api/"));
+        assert!(glob("/api/*", "/api/users/1"));
+        assert!(!glob("/api/*", "/ap"));
+        assert!(glob("*.png", "a.png"));
+        assert!(!glob("*.png", "a.jpg"));
+        assert!(glob("a*b", "ab"));
+        assert!(glob("a*b", "axxb"));
+        assert!(!glob("a*b", "a"), "prefix and suffix must not overlap");
+        assert!(!glob("aa*aa", "aaa"));
+        assert!(glob("*", ""));
+        assert!(glob("a*b*c", "a-b-b-c"));
+        assert!(!glob("a*b*c", "a-c-b"));
+        assert!(glob("*é*", "xéy"), "multi-byte literals");
+    }
+
+    #[test]
+    fn precedence_and_depth() {
+        let mut m = Matcher::default();
+        let any = m.insert("d", None, "k", None, 0).unwrap();
+        m.insert("d", None, "k", Some("/a/*"), 1).unwrap();
+        m.insert("d", None, "k", Some("/a/b/*"), 2).unwrap();
+        m.insert("d", None, "k", Some("/a/b/c"), 3).unwrap();
+        m.insert("d", None, "k", Some("*x"), 4).unwrap();
+        m.insert("d", Some(any), "n", None, 5).unwrap();
+        assert_eq!(m.find("d", [("k", "/a/b/c")]), Some(3));
+        assert_eq!(m.find("d", [("k", "/a/b/d")]), Some(2), "longest prefix");
+        assert_eq!(m.find("d", [("k", "/a/z")]), Some(1));
+        assert_eq!(m.find("d", [("k", "zzx")]), Some(4));
+        assert_eq!(
+            m.find("d", [("k", "/a/x")]),
+            Some(1),
+            "prefix 3 beats prefix 0"
+        );
+        assert_eq!(m.find("d", [("k", "other")]), Some(0));
+        assert_eq!(m.find("d", [("k", "other"), ("n", "v")]), Some(5));
+        assert_eq!(
+            m.find("d", [("k", "/a/z"), ("n", "v")]),
+            None,
+            "no backtracking"
+        );
+        assert_eq!(m.find("d", []), None);
+        assert_eq!(m.find("e", [("k", "x")]), None);
+        assert_eq!(m.insert("d", None, "k", Some("/a/*"), 9), Err(Duplicate));
+        assert_eq!(m.insert("d", None, "k", None, 9), Err(Duplicate));
+        assert_eq!(m.insert("d", None, "k", Some("/a/b/c"), 9), Err(Duplicate));
+    }
+
+    #[test]
+    fn equal_prefixes_keep_declaration_order() {
+        let mut m = Matcher::default();
+        m.insert("d", None, "k", Some("a*x"), 0).unwrap();
+        m.insert("d", None, "k", Some("a*"), 1).unwrap();
+        assert_eq!(m.find("d", [("k", "abx")]), Some(0));
+        assert_eq!(m.find("d", [("k", "aby")]), Some(1));
+    }
+}
