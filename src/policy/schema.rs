@@ -10,7 +10,7 @@ use saphyr_parser::ScalarStyle;
 use super::error::ConfigError;
 use super::model::Unit;
 use super::yaml::{Node, Pos, Scalar};
-use crate::contract::Algorithm;
+use crate::contract::{Algorithm, MAX_EXACT_INTEGER};
 
 /// One file's domain.
 #[derive(Debug, Clone)]
@@ -85,24 +85,21 @@ const LIMIT_FIELDS: &[&str] = &[
 ];
 const REPLACES_FIELDS: &[&str] = &["name"];
 
-/// Decodes a file's root node. Returns `None` when any error was recorded.
+/// Decodes a file's root node. Invalid descriptors and limits are reported and left out,
+/// so the rest of the file can still be checked (ids, contract ranges) and every error of
+/// the set reported at once; `None` only when the file has no usable domain.
 pub(crate) fn decode(
     file: &Path,
     root: &Node,
     max_depth: usize,
     errors: &mut Vec<ConfigError>,
 ) -> Option<DomainConfig> {
-    let before = errors.len();
     let mut ctx = Ctx {
         file,
         errors,
         max_depth,
     };
-    let config = ctx.top(root);
-    if ctx.errors.len() > before {
-        return None;
-    }
-    config
+    ctx.top(root)
 }
 
 struct Ctx<'a> {
@@ -149,15 +146,16 @@ impl Ctx<'_> {
     fn top(&mut self, root: &Node) -> Option<DomainConfig> {
         let fields = self.mapping(root, "", TOP_FIELDS)?;
         let domain = match fields.get("domain") {
-            Some(node) => self.non_empty(node, "domain")?,
+            Some(node) => self.non_empty(node, "domain"),
             None => {
                 self.err(fields.pos, "domain", "missing required field `domain`");
-                return None;
+                None
             }
         };
+        // Decoded even without a domain, so its errors are reported in the same pass.
         let descriptors = self.descriptor_list(fields.get("descriptors"), "", 1);
         Some(DomainConfig {
-            domain,
+            domain: domain?,
             pos: fields.pos,
             descriptors,
         })
@@ -555,33 +553,30 @@ impl Ctx<'_> {
     }
 
     fn integer(&mut self, node: &Node, field: &str) -> Option<u64> {
-        let parsed = match node {
+        let message = match node {
             Node::Scalar(s) if s.style == ScalarStyle::Plain => {
                 let digits = s.text.strip_prefix('+').unwrap_or(&s.text);
-                if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-                    digits.parse::<u64>().ok()
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    format!("expected a non-negative whole number, found `{}`", s.text)
                 } else {
-                    None
+                    match digits.parse::<u64>() {
+                        Ok(n) if n <= MAX_EXACT_INTEGER => return Some(n),
+                        // Beyond 2^53 - 1 the Redis programs could not count exactly.
+                        _ => format!("`{}` is too large: at most {MAX_EXACT_INTEGER}", s.text),
+                    }
                 }
             }
-            _ => None,
+            Node::Scalar(s) => format!(
+                "expected a non-negative whole number, found quoted `{}` (remove the quotes)",
+                s.text
+            ),
+            other => format!(
+                "expected a non-negative whole number, found {}",
+                other.kind()
+            ),
         };
-        if parsed.is_none() {
-            let found = match node {
-                Node::Scalar(s) if s.style == ScalarStyle::Plain => format!("`{}`", s.text),
-                Node::Scalar(s) => format!("quoted `{}`", s.text),
-                other => other.kind().to_string(),
-            };
-            self.err(
-                node.pos(),
-                field,
-                format!(
-                    "expected a non-negative whole number (at most {}), found {found}",
-                    u64::MAX
-                ),
-            );
-        }
-        parsed
+        self.err(node.pos(), field, message);
+        None
     }
 
     /// An optional boolean field; absent or invalid is `false` (invalid is reported).

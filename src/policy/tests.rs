@@ -431,6 +431,26 @@ fn all_errors_of_all_files_are_collected() {
 }
 
 #[test]
+fn schema_and_contract_errors_are_reported_together() {
+    let errs = errors(
+        "\
+domain: api
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1.5}
+  - key: b
+    rate_limit: {unit: second, algorithm: token_bucket}
+  - key: c
+    rate_limit: {unit: second, name: dup}
+  - key: d
+    rate_limit: {unit: second, name: dup}
+",
+    );
+    let lines: Vec<usize> = errs.iter().map(|e| e.line).collect();
+    assert_eq!(lines, vec![4, 6, 10], "{errs:#?}");
+}
+
+#[test]
 fn nesting_and_size_are_bounded() {
     let mut yaml = String::from("domain: d\ndescriptors:\n");
     for depth in 0..20 {
