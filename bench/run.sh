@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# edgelimit benchmark: one command from a clean clone.
+#
+#   bash bench/run.sh
+#
+# Builds the release binaries, starts a private redis-server and edgelimit servers on free
+# loopback ports (nothing shared is touched), and for each algorithm measures
+#   (a) Redis's own ceiling for the same Lua program: redis-benchmark EVALSHA at the same
+#       concurrency, -P 1 and -P 16, keys bench:{__rand_int__} with -r (real state);
+#   (b) edgelimit end to end with edgelimit-load (scenarios hot, distinct, multi), and p99
+#       at half the distinct-scenario throughput;
+# and prints (b)/(a). With the embedded backend (when built in) it reports decisions/s end to
+# end. Every run is bounded (BENCH_SECONDS each); everything started here is stopped on exit.
+#
+# Settings (environment):
+#   BENCH_SECONDS=10            measured seconds per run
+#   BENCH_WARMUP=2s             unmeasured warm-up per load run
+#   BENCH_CONCURRENCY=64        redis-benchmark clients and edgelimit-load workers
+#   BENCH_ALGORITHMS="fixed_window sliding_window token_bucket"
+#   BENCH_SCENARIOS="hot distinct multi"
+#   BENCH_CONNECTIONS=2         edgelimit's redis.connections
+#   BENCH_CONNECTION_SWEEP=""   e.g. "1 2 4 8": also measure fixed_window distinct per count
+#   BENCH_MEMORY=auto           auto | yes | no: the embedded backend runs
+#   BENCH_OUT=target/bench/...  where the transcript goes (also printed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECS=${BENCH_SECONDS:-10}
+WARMUP=${BENCH_WARMUP:-2s}
+CONC=${BENCH_CONCURRENCY:-64}
+ALGORITHMS=${BENCH_ALGORITHMS:-"fixed_window sliding_window token_bucket"}
+SCENARIOS=${BENCH_SCENARIOS:-"hot distinct multi"}
+CONNECTIONS=${BENCH_CONNECTIONS:-2}
+SWEEP=${BENCH_CONNECTION_SWEEP:-}
+MEMORY=${BENCH_MEMORY:-auto}
+mkdir -p target/bench
+OUT=${BENCH_OUT:-target/bench/run-$(date +%Y%m%dT%H%M%S).txt}
+: >"$OUT"
+
+say() { echo "$*" | tee -a "$OUT"; }
+
+for tool in redis-server redis-cli redis-benchmark; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "error: $tool not found (Debian: apt-get install redis-server redis-tools)" >&2
+    exit 2
+  fi
+done
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "== edgelimit benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
+say "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+say "redis: $(redis-server --version | cut -d' ' -f3)  revision: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+say "settings: ${SECS}s per run, warm-up $WARMUP, concurrency $CONC, redis.connections $CONNECTIONS"
+
+say "-- building release binaries"
+cargo build --release --locked --bins 2>&1 | tail -n 2
+BIN=target/release
+
+# ---------------------------------------------------------------- Redis ----
+REDIS_PORT=
+start_redis() {
+  local attempt port pid
+  for attempt in 1 2 3 4 5 6 7 8; do
+    port=$((20000 + RANDOM % 40000))
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+      --protected-mode yes --dir "$WORK" --logfile "$WORK/redis.log" &
+    pid=$!
+    for _ in $(seq 50); do
+      if ! kill -0 "$pid" 2>/dev/null; then break; fi
+      # Verify it is *our* server that answers (another one may hold the port).
+      if redis-cli -p "$port" info server 2>/dev/null | grep -q "^process_id:$pid"; then
+        PIDS+=("$pid")
+        REDIS_PORT=$port
+        REDIS_PID=$pid
+        return 0
+      fi
+      sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  echo "error: could not start redis-server on a free port" >&2
+  exit 1
+}
+
+# --------------------------------------------------------------- edgelimit --
+SECRET="$WORK/hmac.secret"
+head -c 48 /dev/urandom | base64 >"$SECRET"
+EDGE_ADDR=
+EDGE_PID=
+# start_edgelimit NAME [extra yaml lines]: listens on 127.0.0.1:0 and reads the port from its log.
+start_edgelimit() {
+  local name=$1 extra=${2:-}
+  local config="$WORK/$name.yaml" log="$WORK/$name.log"
+  cat >"$config" <<EOF
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+policy_dir: $PWD/bench/policies
+hmac_secret:
+  file: $SECRET
+log:
+  level: info
+$extra
+EOF
+  NO_COLOR=1 "$BIN/edgelimit" serve --config "$config" >"$log" 2>&1 &
+  EDGE_PID=$!
+  PIDS+=("$EDGE_PID")
+  EDGE_ADDR=
+  for _ in $(seq 100); do
+    EDGE_ADDR=$(sed -e 's/\x1b\[[0-9;]*m//g' "$log" | grep -o 'grpc_addr=127\.0\.0\.1:[0-9]*' | head -n1 | cut -d= -f2 || true)
+    if [ -n "$EDGE_ADDR" ]; then return 0; fi
+    if ! kill -0 "$EDGE_PID" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  echo "error: edgelimit ($name) did not start:" >&2
+  cat "$log" >&2
+  exit 1
+}
+stop_edgelimit() {
+  kill "$EDGE_PID" 2>/dev/null || true
+  wait "$EDGE_PID" 2>/dev/null || true
+}
+
+# -------------------------------------------------------------- measuring --
+# CPU time (user + system, clock ticks) a process has used so far.
+TCK=$(getconf CLK_TCK)
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}' || echo 0; }
+per_request_us() { awk -v t="$1" -v k="$TCK" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / k / n * 1e6; else print "n/a" }'; }
+
+# load LABEL DOMAIN SCENARIO [edgelimit-load args...]: prints the tool's summary and the CPU
+# each process spent per request; sets RPS and P99.
+RPS=0
+P99=0
+REDIS_PID=
+load() {
+  local label=$1 domain=$2 scenario=$3
+  shift 3
+  local edge0 redis0 edge1 redis1 client
+  edge0=$(cpu_ticks "$EDGE_PID")
+  redis0=$(cpu_ticks "$REDIS_PID")
+  local TIMEFORMAT='%U %S'
+  { time "$BIN/edgelimit-load" --addr "$EDGE_ADDR" --concurrency "$CONC" \
+    --duration "${SECS}s" --warmup "$WARMUP" --domain "$domain" --scenario "$scenario" \
+    --keys client,route,user --label "$label" "$@" >"$WORK/load.out"; } 2>"$WORK/load.time"
+  edge1=$(cpu_ticks "$EDGE_PID")
+  redis1=$(cpu_ticks "$REDIS_PID")
+  client=$(awk -v k="$TCK" '{ printf "%d", ($1 + $2) * k }' "$WORK/load.time")
+  sed 's/^/    /' "$WORK/load.out" >>"$OUT"
+  local result answered errors
+  result=$(grep '^RESULT' "$WORK/load.out")
+  RPS=$(echo "$result" | grep -o ' rps=[0-9]*' | cut -d= -f2)
+  P99=$(echo "$result" | grep -o ' p99_ms=[0-9.]*' | cut -d= -f2)
+  errors=$(echo "$result" | grep -o ' errors=[0-9]*' | cut -d= -f2)
+  answered=$(echo "$result" | grep -o ' answered=[0-9]*' | cut -d= -f2)
+  say "$(printf '  %-34s %7s req/s  p99 %6s ms  errors %s  CPU us/req: edgelimit %s redis %s client %s' \
+    "$label" "$RPS" "$P99" "$errors" "$(per_request_us $((edge1 - edge0)) "$answered")" \
+    "$(per_request_us $((redis1 - redis0)) "$answered")" "$(per_request_us "$client" "$answered")")"
+}
+
+# redis_ceiling LABEL PIPELINE ARGV...: redis-benchmark EVALSHA, calibrated to run ~SECS s.
+RB=0
+redis_ceiling() {
+  local label=$1 pipeline=$2
+  shift 2
+  local csv rps n
+  csv=$(redis-benchmark -p "$REDIS_PORT" -c "$CONC" -n 20000 -P "$pipeline" -r 1000000 --csv "$@" | tail -n 1)
+  rps=$(echo "$csv" | cut -d, -f2 | tr -d '"' | cut -d. -f1)
+  n=$((rps * SECS))
+  [ "$n" -ge 20000 ] || n=20000
+  csv=$(redis-benchmark -p "$REDIS_PORT" -c "$CONC" -n "$n" -P "$pipeline" -r 1000000 --csv "$@" | tail -n 1)
+  RB=$(echo "$csv" | cut -d, -f2 | tr -d '"' | cut -d. -f1)
+  echo "    $csv" >>"$OUT"
+  say "$(printf '  %-34s %9s ops/s  (%s requests)' "$label" "$RB" "$n")"
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+lua_file() {
+  case $1 in
+    fixed_window) echo lua/rate-fixed-window-v1.lua ;;
+    sliding_window) echo lua/rate-sliding-counter-v1.lua ;;
+    token_bucket) echo lua/rate-token-bucket-v1.lua ;;
+  esac
+}
+# ARGV: schema, policy id, revision, cost 1, max clock regression, grace, then the algorithm's
+# parameters matching bench/policies (1e9 per second: always evaluated, always allowed).
+lua_args() {
+  local common="1 bench.$1 0000000000000001 1 2000 60000"
+  case $1 in
+    fixed_window | sliding_window) echo "$common 1000 1000000000" ;;
+    token_bucket) echo "$common 1000 1000000000 1000000000" ;;
+  esac
+}
+
+SUMMARY=()
+start_redis
+say "redis-server on 127.0.0.1:$REDIS_PORT"
+start_edgelimit redis "redis:
+  url: redis://127.0.0.1:$REDIS_PORT/
+  connections: $CONNECTIONS"
+say "edgelimit (redis backend, $CONNECTIONS connections) on $EDGE_ADDR"
+
+for algo in $ALGORITHMS; do
+  file=$(lua_file "$algo")
+  if [ ! -s "$file" ]; then
+    say "-- $algo: skipped ($file is empty in this revision)"
+    continue
+  fi
+  say "-- $algo"
+  redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
+  sha=$(redis-cli -p "$REDIS_PORT" -x SCRIPT LOAD <"$file")
+  # shellcheck disable=SC2046
+  redis_ceiling "redis-benchmark EVALSHA -P 1" 1 EVALSHA "$sha" 1 'bench:{__rand_int__}' $(lua_args "$algo")
+  rb1=$RB
+  # shellcheck disable=SC2046
+  redis_ceiling "redis-benchmark EVALSHA -P 16" 16 EVALSHA "$sha" 1 'bench:{__rand_int__}' $(lua_args "$algo")
+  rb16=$RB
+  redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
+  distinct=0
+  for scenario in $SCENARIOS; do
+    load "edgelimit $algo $scenario" "bench_$algo" "$scenario"
+    decisions=$RPS
+    if [ "$scenario" = multi ]; then decisions=$((RPS * 3)); fi
+    [ "$scenario" = distinct ] && distinct=$RPS
+    SUMMARY+=("$(printf '%-15s %-9s %9s req/s %9s decisions/s  vs -P1 %5sx  vs -P16 %5sx  p99 %s ms' \
+      "$algo" "$scenario" "$RPS" "$decisions" "$(ratio "$decisions" "$rb1")" "$(ratio "$decisions" "$rb16")" "$P99")")
+  done
+  if [ "$distinct" -gt 0 ]; then
+    half=$((distinct / 2))
+    load "edgelimit $algo distinct @${half}/s" "bench_$algo" distinct --rate "$half"
+    SUMMARY+=("$(printf '%-15s %-9s %9s req/s (paced at half)              p99 %s ms' "$algo" "half" "$RPS" "$P99")")
+  fi
+  SUMMARY+=("$(printf '%-15s redis-benchmark ceilings: -P 1 %s ops/s, -P 16 %s ops/s' "$algo" "$rb1" "$rb16")")
+done
+stop_edgelimit
+
+if [ -n "$SWEEP" ]; then
+  say "-- redis.connections sweep (fixed_window)"
+  for count in $SWEEP; do
+    start_edgelimit "redis-$count" "redis:
+  url: redis://127.0.0.1:$REDIS_PORT/
+  connections: $count"
+    redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
+    load "connections=$count hot" bench_fixed_window hot
+    hot=$RPS
+    load "connections=$count distinct" bench_fixed_window distinct
+    SUMMARY+=("$(printf 'connections=%-3s hot %9s req/s   distinct %9s req/s  p99 %s ms' "$count" "$hot" "$RPS" "$P99")")
+    stop_edgelimit
+  done
+fi
+
+if [ "$MEMORY" != no ]; then
+  if [ "$MEMORY" = auto ] && [ ! -d src/memory ]; then
+    say "-- memory backend: skipped (not built into this revision)"
+  else
+    say "-- memory backend"
+    start_edgelimit memory "backend: memory"
+    say "edgelimit (memory backend) on $EDGE_ADDR"
+    for algo in $ALGORITHMS; do
+      for scenario in $SCENARIOS; do
+        load "memory $algo $scenario" "bench_$algo" "$scenario"
+        decisions=$RPS
+        if [ "$scenario" = multi ]; then decisions=$((RPS * 3)); fi
+        SUMMARY+=("$(printf 'memory %-8s %-9s %9s req/s %9s decisions/s end to end  p99 %s ms' \
+          "${algo%%_*}" "$scenario" "$RPS" "$decisions" "$P99")")
+      done
+    done
+    stop_edgelimit
+    if "$BIN/edgelimit-load" --help | grep -q -- '--in-process'; then
+      for algo in $ALGORITHMS; do
+        out=$("$BIN/edgelimit-load" --in-process --policy-dir bench/policies --domain "bench_$algo" \
+          --scenario distinct --duration "${SECS}s" --warmup "$WARMUP" --threads "$(nproc)" \
+          --label "memory in-process $algo")
+        echo "$out" | sed 's/^/    /' >>"$OUT"
+        rps=$(echo "$out" | grep '^RESULT' | grep -o ' rps=[0-9]*' | cut -d= -f2)
+        SUMMARY+=("$(printf 'memory %-8s in-process %9s decisions/s (%s threads)' "${algo%%_*}" "$rps" "$(nproc)")")
+      done
+    fi
+  fi
+fi
+
+say ""
+say "== summary (ratios: edgelimit decisions/s over redis-benchmark EVALSHA ops/s, same run)"
+for line in "${SUMMARY[@]}"; do say "$line"; done
+say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+say "transcript: $OUT"
