@@ -20,6 +20,7 @@ use crate::contract::{
 pub use classify::{classify, Failure};
 pub use connections::ConnectionSettings;
 pub use keys::{revision_arg, KeyBuilder};
+pub use programs::invocation;
 pub use programs::{Program, Programs};
 pub use reply::{parse as parse_reply, ReplyError};
 
