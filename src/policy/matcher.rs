@@ -24,9 +24,99 @@ pub(crate) struct Level {
 #[derive(Debug, Default)]
 struct KeyEntry {
     exact: HashMap<Box<str>, NodeId>,
-    /// Sorted by literal prefix length (descending), then declaration order.
-    wildcards: Vec<Wildcard>,
+    wildcards: Wildcards,
     any: Option<NodeId>,
+}
+
+/// A key's wildcard values, indexed so that a lookup costs a few hash probes instead of a
+/// scan over every pattern (policy sets with hundreds of path globs under one key exist).
+///
+/// The answer is the same as scanning the patterns sorted by literal prefix length
+/// (descending), then declaration order, and taking the first that matches:
+/// - patterns with a non-empty prefix are bucketed by that exact prefix; for each distinct
+///   prefix length, longest first, only the bucket equal to the value's prefix of that length
+///   can hold matches, and within it the first match in declaration order wins;
+/// - patterns with an empty prefix (all tied at length 0) are bucketed by their suffix; the
+///   match declared first wins, so the smallest matching index over the buckets is taken.
+#[derive(Debug, Default)]
+struct Wildcards {
+    /// Declaration order.
+    all: Vec<Wildcard>,
+    /// Non-empty prefix -> indices into `all`, ascending.
+    by_prefix: HashMap<Box<str>, Vec<usize>>,
+    /// Distinct non-empty prefix lengths, descending.
+    prefix_lens: Vec<usize>,
+    /// Empty prefix: suffix (maybe empty) -> indices into `all`, ascending.
+    by_suffix: HashMap<Box<str>, Vec<usize>>,
+    /// Distinct suffix lengths of the empty-prefix patterns.
+    suffix_lens: Vec<usize>,
+}
+
+impl Wildcards {
+    fn contains_pattern(&self, pattern: &str) -> bool {
+        self.all.iter().any(|w| w.parts.join("*") == pattern)
+    }
+
+    fn push(&mut self, w: Wildcard) {
+        let index = self.all.len();
+        let (prefix, suffix) = (w.prefix().to_owned(), w.suffix().to_owned());
+        self.all.push(w);
+        if prefix.is_empty() {
+            if !self.suffix_lens.contains(&suffix.len()) {
+                self.suffix_lens.push(suffix.len());
+            }
+            self.by_suffix.entry(suffix.into()).or_default().push(index);
+        } else {
+            if let Err(at) = self.prefix_lens.binary_search_by(|l| prefix.len().cmp(l)) {
+                self.prefix_lens.insert(at, prefix.len());
+            }
+            self.by_prefix.entry(prefix.into()).or_default().push(index);
+        }
+    }
+
+    fn find(&self, value: &str) -> Option<NodeId> {
+        if self.all.is_empty() {
+            return None;
+        }
+        for &len in &self.prefix_lens {
+            // `get` is None past the end or inside a multi-byte character; neither can start
+            // with a (valid UTF-8) prefix of that length.
+            let Some(bucket) = value.get(..len).and_then(|p| self.by_prefix.get(p)) else {
+                continue;
+            };
+            if let Some(w) = bucket
+                .iter()
+                .map(|&i| &self.all[i])
+                .find(|w| w.matches(value))
+            {
+                return Some(w.node);
+            }
+        }
+        let mut first: Option<usize> = None;
+        for &len in &self.suffix_lens {
+            let Some(bucket) = value
+                .len()
+                .checked_sub(len)
+                .and_then(|at| value.get(at..))
+                .and_then(|s| self.by_suffix.get(s))
+            else {
+                continue;
+            };
+            if let Some(&i) = bucket.iter().find(|&&i| self.all[i].matches(value)) {
+                first = Some(first.map_or(i, |f| f.min(i)));
+            }
+        }
+        first.map(|i| self.all[i].node)
+    }
+
+    /// The definition the index must agree with: a scan in precedence order.
+    #[cfg(test)]
+    fn find_by_scan(&self, value: &str) -> Option<NodeId> {
+        let mut order: Vec<&Wildcard> = self.all.iter().collect();
+        // Stable: ties keep declaration order.
+        order.sort_by_key(|w| std::cmp::Reverse(w.prefix().len()));
+        order.into_iter().find(|w| w.matches(value)).map(|w| w.node)
+    }
 }
 
 #[derive(Debug)]
@@ -48,8 +138,12 @@ impl Wildcard {
         }
     }
 
-    fn prefix_len(&self) -> usize {
-        self.parts.first().map_or(0, |p| p.len())
+    fn prefix(&self) -> &str {
+        self.parts.first().map_or("", |p| p)
+    }
+
+    fn suffix(&self) -> &str {
+        self.parts.last().map_or("", |p| p)
     }
 
     fn matches(&self, value: &str) -> bool {
@@ -121,16 +215,10 @@ impl Matcher {
             None if entry.any.is_some() => return Err(Duplicate),
             None => entry.any = Some(id),
             Some(v) if v.contains('*') => {
-                if entry.wildcards.iter().any(|w| w.parts.join("*") == v) {
+                if entry.wildcards.contains_pattern(v) {
                     return Err(Duplicate);
                 }
-                let w = Wildcard::compile(v, id);
-                let at = entry
-                    .wildcards
-                    .iter()
-                    .position(|o| o.prefix_len() < w.prefix_len())
-                    .unwrap_or(entry.wildcards.len());
-                entry.wildcards.insert(at, w);
+                entry.wildcards.push(Wildcard::compile(v, id));
             }
             Some(v) => match entry.exact.entry(Box::from(v)) {
                 Entry::Occupied(_) => return Err(Duplicate),
@@ -161,13 +249,7 @@ impl Matcher {
                 .exact
                 .get(value)
                 .copied()
-                .or_else(|| {
-                    entry
-                        .wildcards
-                        .iter()
-                        .find(|w| w.matches(value))
-                        .map(|w| w.node)
-                })
+                .or_else(|| entry.wildcards.find(value))
                 .or(entry.any)?;
             let node = self.nodes.get(id)?;
             level = &node.children;
@@ -180,6 +262,26 @@ impl Matcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The index answers exactly what a scan in precedence order answers.
+        #[test]
+        fn wildcard_index_agrees_with_the_precedence_scan(
+            patterns in proptest::collection::vec("[ab/é]{0,3}\\*[ab/é*]{0,4}", 1..24),
+            values in proptest::collection::vec("[ab/é]{0,8}", 1..24),
+        ) {
+            let mut w = Wildcards::default();
+            for (node, p) in patterns.iter().enumerate() {
+                if !w.contains_pattern(p) {
+                    w.push(Wildcard::compile(p, node));
+                }
+            }
+            for v in &values {
+                prop_assert_eq!(w.find(v), w.find_by_scan(v), "value {:?}", v);
+            }
+        }
+    }
 
     fn glob(p: &str, v: &str) -> bool {
         Wildcard::compile(p, 0).matches(v)
