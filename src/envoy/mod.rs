@@ -6,7 +6,8 @@ mod headers;
 mod translate;
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -23,7 +24,8 @@ use futures_util::future::join_all;
 use tonic::{Request, Response, Status};
 
 use crate::contract::{
-    Cost, RateLimitDecision, RateLimitOutcome, RateLimitPort, RateLimitRequest as PortRequest,
+    ContractError, Cost, PolicyId, RateLimitDecision, RateLimitOutcome, RateLimitPort,
+    RateLimitRequest as PortRequest, SubjectDigest,
 };
 use crate::policy::{Limit, PolicySet, Unit};
 use crate::subject::SubjectHasher;
@@ -72,6 +74,7 @@ pub struct RateLimiter<B> {
     backend: Arc<B>,
     hasher: Arc<SubjectHasher>,
     settings: ServiceSettings,
+    counters: DecisionCounters,
 }
 
 /// One limit to evaluate for one descriptor.
@@ -99,6 +102,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             backend,
             hasher,
             settings,
+            counters: DecisionCounters::default(),
         }
     }
 
@@ -117,6 +121,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
         let applied = self.applicable_limits(&policies, request)?;
 
         let mut port_requests = Vec::with_capacity(applied.len());
+        let mut subjects: Option<(usize, SubjectDigest)> = None;
         for item in &applied {
             let descriptor = &request.descriptors[item.descriptor];
             let units = translate::descriptor_cost(request.hits_addend, descriptor);
@@ -135,37 +140,59 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     .to_string(),
                 ));
             }
-            let subject = self.hasher.digest(
-                &request.domain,
-                descriptor
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str())),
-            );
+            // Limits of one descriptor are adjacent: hash its entries once, not per limit.
+            let subject = match subjects {
+                Some((index, subject)) if index == item.descriptor => subject,
+                _ => self.hasher.digest(
+                    &request.domain,
+                    descriptor
+                        .entries
+                        .iter()
+                        .map(|e| (e.key.as_str(), e.value.as_str())),
+                ),
+            };
+            subjects = Some((item.descriptor, subject));
             port_requests.push(PortRequest::new(policy, subject, cost, None, deadline));
         }
 
-        let evaluations = applied
-            .iter()
-            .zip(&port_requests)
-            .map(|(item, request)| async {
-                match request {
-                    Ok(request) => self.backend.evaluate(&item.limit.policy, request).await,
-                    // Only an expired deadline can fail here (cost was checked above).
-                    Err(_) => RateLimitOutcome::Unavailable {
-                        policy_id: item.limit.policy.id().clone(),
-                        retry_after: Duration::from_secs(1),
-                        cause: crate::contract::UnavailableCause::DeadlineTooShort,
-                    },
-                }
-            });
-        let outcomes = join_all(evaluations).await;
-        let evaluated: Vec<Evaluated<'_>> = applied
-            .into_iter()
-            .zip(outcomes)
-            .map(|(applied, outcome)| Evaluated { applied, outcome })
-            .collect();
+        let evaluated: Vec<Evaluated<'_>> =
+            if let ([item], [port_request]) = (applied.as_slice(), port_requests.as_slice()) {
+                // One limit, the common case: no join_all (it allocates twice).
+                let outcome = self.evaluate(item, port_request).await;
+                applied
+                    .into_iter()
+                    .zip(std::iter::once(outcome))
+                    .map(|(applied, outcome)| Evaluated { applied, outcome })
+                    .collect()
+            } else {
+                let evaluations = applied
+                    .iter()
+                    .zip(&port_requests)
+                    .map(|(item, port_request)| self.evaluate(item, port_request));
+                let outcomes = join_all(evaluations).await;
+                applied
+                    .into_iter()
+                    .zip(outcomes)
+                    .map(|(applied, outcome)| Evaluated { applied, outcome })
+                    .collect()
+            };
         self.respond(request, &evaluated)
+    }
+
+    async fn evaluate(
+        &self,
+        item: &Applied<'_>,
+        request: &Result<PortRequest, ContractError>,
+    ) -> RateLimitOutcome {
+        match request {
+            Ok(request) => self.backend.evaluate(&item.limit.policy, request).await,
+            // Only an expired deadline can fail here (cost was checked above).
+            Err(_) => RateLimitOutcome::Unavailable {
+                policy_id: item.limit.policy.id().clone(),
+                retry_after: Duration::from_secs(1),
+                cause: crate::contract::UnavailableCause::DeadlineTooShort,
+            },
+        }
     }
 
     /// Limits that apply to each descriptor, after `replaces` across the whole request.
@@ -227,7 +254,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             let mine = evaluated.iter().filter(|e| e.applied.descriptor == index);
             let mut worst: Option<(&Evaluated<'_>, Restriction)> = None;
             for e in mine {
-                record_metrics(e);
+                self.counters.record(policies.revision(), e);
                 if !e.applied.shadow
                     && !matches!(e.outcome, RateLimitOutcome::Evaluated(_))
                     && self.settings.failure_mode == FailureMode::GrpcUnavailable
@@ -444,20 +471,71 @@ fn header_facts<'a>(e: &'a Evaluated<'_>) -> HeaderFacts<'a> {
     }
 }
 
-fn record_metrics(e: &Evaluated<'_>) {
-    let result = match &e.outcome {
-        RateLimitOutcome::Evaluated(d) if d.allowed => "allowed",
-        RateLimitOutcome::Evaluated(_) if e.applied.shadow => "shadow_denied",
-        RateLimitOutcome::Evaluated(_) => "denied",
-        _ if e.applied.shadow => "shadow_failed",
-        _ => "failed_closed",
-    };
-    metrics::counter!(
-        "edgelimit_decisions_total",
-        "policy" => e.applied.limit.policy.id().to_string(),
-        "result" => result
-    )
-    .increment(1);
+/// Values of the `result` label of `edgelimit_decisions_total`.
+const DECISION_RESULTS: [&str; 5] = [
+    "allowed",
+    "shadow_denied",
+    "denied",
+    "shadow_failed",
+    "failed_closed",
+];
+
+fn decision_result(e: &Evaluated<'_>) -> usize {
+    match &e.outcome {
+        RateLimitOutcome::Evaluated(d) if d.allowed => 0,
+        RateLimitOutcome::Evaluated(_) if e.applied.shadow => 1,
+        RateLimitOutcome::Evaluated(_) => 2,
+        _ if e.applied.shadow => 3,
+        _ => 4,
+    }
+}
+
+/// `edgelimit_decisions_total` handles per (policy, result), registered on first use.
+///
+/// `counter!` with a label built at run time clones and hashes its whole key on every call
+/// (five allocations per decision with the Prometheus recorder); a cached handle costs one
+/// atomic add. The cache belongs to one policy set (by revision) and is emptied when another
+/// one is in use, so it only ever holds current policy ids. Handles are taken from the
+/// recorder installed when they are first used: the server installs it before serving.
+#[derive(Default)]
+struct DecisionCounters {
+    cache: RwLock<CounterCache>,
+}
+
+#[derive(Default)]
+struct CounterCache {
+    revision: Option<u64>,
+    counters: HashMap<PolicyId, [Option<metrics::Counter>; DECISION_RESULTS.len()]>,
+}
+
+impl DecisionCounters {
+    fn record(&self, revision: u64, e: &Evaluated<'_>) {
+        let policy = e.applied.limit.policy.id();
+        let result = decision_result(e);
+        {
+            let cache = self.cache.read().unwrap_or_else(PoisonError::into_inner);
+            if cache.revision == Some(revision) {
+                if let Some(counter) = cache.counters.get(policy).and_then(|c| c[result].as_ref()) {
+                    counter.increment(1);
+                    return;
+                }
+            }
+        }
+        let mut cache = self.cache.write().unwrap_or_else(PoisonError::into_inner);
+        if cache.revision != Some(revision) {
+            cache.counters.clear();
+            cache.revision = Some(revision);
+        }
+        cache.counters.entry(policy.clone()).or_default()[result]
+            .get_or_insert_with(|| {
+                metrics::counter!(
+                    "edgelimit_decisions_total",
+                    "policy" => policy.to_string(),
+                    "result" => DECISION_RESULTS[result]
+                )
+            })
+            .increment(1);
+    }
 }
 
 #[tonic::async_trait]
@@ -478,5 +556,129 @@ impl<B: RateLimitPort> RateLimitService for RateLimiter<B> {
         metrics::histogram!("edgelimit_grpc_request_seconds")
             .record(started.elapsed().as_secs_f64());
         result.map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{AlgorithmParams, Certainty, DecisionSource, RateLimitPolicy};
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    /// Records registrations and shares one atomic per distinct key.
+    #[derive(Default)]
+    struct Recorder {
+        registrations: AtomicU64,
+        counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    }
+
+    impl Recorder {
+        fn value(&self, policy: &str, result: &str) -> u64 {
+            let name = format!("policy={policy},result={result}");
+            self.counters
+                .lock()
+                .unwrap()
+                .get(&name)
+                .map_or(0, |c| c.load(Ordering::Relaxed))
+        }
+    }
+
+    impl metrics::Recorder for Recorder {
+        fn describe_counter(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            assert_eq!(key.name(), "edgelimit_decisions_total");
+            self.registrations.fetch_add(1, Ordering::Relaxed);
+            let name = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect::<Vec<_>>()
+                .join(",");
+            let counter = self
+                .counters
+                .lock()
+                .unwrap()
+                .entry(name)
+                .or_default()
+                .clone();
+            Counter::from_arc(counter)
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    fn limit(id: &str) -> Limit {
+        let policy = RateLimitPolicy::new(
+            PolicyId::new(id).unwrap(),
+            1,
+            AlgorithmParams::FixedWindow {
+                limit: 10,
+                window_ms: 1000,
+            },
+            1,
+            0,
+            0,
+        )
+        .unwrap();
+        Limit {
+            name: None,
+            requests_per_unit: 10,
+            unit: Unit::Second,
+            window_seconds: 1,
+            policy: Arc::new(policy),
+        }
+    }
+
+    fn evaluated(limit: &Limit, allowed: bool, shadow: bool) -> Evaluated<'_> {
+        Evaluated {
+            applied: Applied {
+                descriptor: 0,
+                limit: Cow::Borrowed(limit),
+                shadow,
+            },
+            outcome: RateLimitOutcome::Evaluated(RateLimitDecision {
+                allowed,
+                limit: 10,
+                remaining: 0,
+                retry_after: Duration::ZERO,
+                reset_at_ms: 0,
+                decided_at_ms: 0,
+                policy_id: limit.policy.id().clone(),
+                policy_revision: 1,
+                source: DecisionSource::LocalMemory,
+                certainty: Certainty::Certain,
+            }),
+        }
+    }
+
+    #[test]
+    fn decision_counters_register_once_per_policy_result_and_set() {
+        let recorder = Recorder::default();
+        let counters = DecisionCounters::default();
+        let (a, b) = (limit("d.a"), limit("d.b"));
+        metrics::with_local_recorder(&recorder, || {
+            for _ in 0..3 {
+                counters.record(7, &evaluated(&a, true, false));
+            }
+            counters.record(7, &evaluated(&a, false, false));
+            counters.record(7, &evaluated(&a, false, true));
+            counters.record(7, &evaluated(&b, true, false));
+            assert_eq!(recorder.registrations.load(Ordering::Relaxed), 4);
+            // Another policy set: handles are taken again, counts keep adding up.
+            counters.record(8, &evaluated(&a, true, false));
+            assert_eq!(recorder.registrations.load(Ordering::Relaxed), 5);
+        });
+        assert_eq!(recorder.value("d.a", "allowed"), 4);
+        assert_eq!(recorder.value("d.a", "denied"), 1);
+        assert_eq!(recorder.value("d.a", "shadow_denied"), 1);
+        assert_eq!(recorder.value("d.b", "allowed"), 1);
+        assert_eq!(recorder.value("d.b", "denied"), 0);
     }
 }
