@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub headers: HeadersConfig,
     pub policies: PolicyDefaults,
     pub log: LogConfig,
+    /// How long a shutdown waits for in-flight requests before exiting anyway.
+    #[serde(with = "serde_duration")]
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -49,6 +52,7 @@ impl Default for ServerConfig {
             headers: HeadersConfig::default(),
             policies: PolicyDefaults::default(),
             log: LogConfig::default(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }

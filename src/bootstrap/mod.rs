@@ -1,10 +1,14 @@
 //! Composition: reads configuration, builds the backend, policies and services, and runs
 //! them. Holds no rate-limit logic of its own.
 
+pub mod admin;
 pub mod config;
 pub mod duration;
+pub mod readiness;
+pub mod reload;
 pub mod secret;
 mod serve;
+pub mod telemetry;
 
 pub use config::{BackendKind, ServerConfig};
 pub use serve::{load_policies, serve, ServeHandle};

@@ -228,15 +228,16 @@ impl<B: RateLimitPort> RateLimiter<B> {
             let mut worst: Option<(&Evaluated<'_>, Restriction)> = None;
             for e in mine {
                 record_metrics(e);
-                if !e.applied.shadow && !matches!(e.outcome, RateLimitOutcome::Evaluated(_)) {
-                    if self.settings.failure_mode == FailureMode::GrpcUnavailable {
-                        return Err(Status::unavailable(format!(
-                            "rate limit backend outcome for policy {} is {} ({})",
-                            e.applied.limit.policy.id(),
-                            e.outcome.category(),
-                            e.outcome.cause()
-                        )));
-                    }
+                if !e.applied.shadow
+                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_))
+                    && self.settings.failure_mode == FailureMode::GrpcUnavailable
+                {
+                    return Err(Status::unavailable(format!(
+                        "rate limit backend outcome for policy {} is {} ({})",
+                        e.applied.limit.policy.id(),
+                        e.outcome.category(),
+                        e.outcome.cause()
+                    )));
                 }
                 let r = Restriction::of(e);
                 if worst.as_ref().is_none_or(|(_, w)| r > *w) {
@@ -451,9 +452,17 @@ fn record_metrics(e: &Evaluated<'_>) {
         _ if e.applied.shadow => "shadow_failed",
         _ => "failed_closed",
     };
+    let policy = e.applied.limit.policy.id().to_string();
+    // Near limit: allowed, with at most 20% of the limit left (`remaining * 5 <= limit`).
+    if let RateLimitOutcome::Evaluated(d) = &e.outcome {
+        if d.allowed && d.limit > 0 && d.remaining.saturating_mul(5) <= d.limit {
+            metrics::counter!("edgelimit_near_limit_total", "policy" => policy.clone())
+                .increment(1);
+        }
+    }
     metrics::counter!(
         "edgelimit_decisions_total",
-        "policy" => e.applied.limit.policy.id().to_string(),
+        "policy" => policy,
         "result" => result
     )
     .increment(1);
