@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use edgelimit::bootstrap::{self, ServerConfig};
+use edgelimit::bootstrap::{self, cli, ServerConfig};
 
 #[derive(Parser)]
 #[command(
@@ -41,6 +41,91 @@ enum Command {
         #[arg(long)]
         log_json: bool,
     },
+    /// Validate a policy directory (for CI): prints `file:line:column: field: message` per
+    /// error and exits 1, or a one-line summary and exits 0.
+    Check {
+        /// Policy directory.
+        dir: PathBuf,
+        /// Server configuration whose `policies` options (e.g. `merge_domains`) apply.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Show which rule a descriptor matches and what it enforces, without any backend.
+    Explain {
+        /// Policy directory (default: the configuration's `policy_dir`).
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
+        /// Server configuration whose `policies` options apply.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The request's domain.
+        #[arg(long)]
+        domain: String,
+        /// Descriptor entries in order, as `key=value`.
+        entries: Vec<String>,
+    },
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<ServerConfig, ExitCode> {
+    match path {
+        Some(path) => ServerConfig::load(path).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }),
+        None => Ok(ServerConfig::default()),
+    }
+}
+
+fn check(dir: PathBuf, config: Option<PathBuf>) -> ExitCode {
+    let config = match load_config(config.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match cli::check(&dir, &bootstrap::load_options(&config)) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for error in &errors {
+                println!("{error}");
+            }
+            eprintln!("{} error(s) in {}", errors.len(), dir.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(
+    policy_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+    domain: String,
+    entries: Vec<String>,
+) -> ExitCode {
+    let mut config = match load_config(config.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(dir) = policy_dir {
+        config.policy_dir = dir;
+    }
+    let entries = match cli::parse_entries(&entries) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match bootstrap::load_policies(&config) {
+        Ok(set) => {
+            print!("{}", cli::explain(&set, &domain, &entries));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn init_logging(config: &ServerConfig) {
@@ -80,6 +165,13 @@ async fn shutdown_signal() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Check { dir, config } => check(dir, config),
+        Command::Explain {
+            policy_dir,
+            config,
+            domain,
+            entries,
+        } => explain(policy_dir, config, domain, entries),
         Command::Serve {
             config,
             listen,

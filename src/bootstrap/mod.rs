@@ -2,6 +2,7 @@
 //! them. Holds no rate-limit logic of its own.
 
 pub mod admin;
+pub mod cli;
 pub mod config;
 pub mod duration;
 pub mod readiness;
@@ -11,4 +12,4 @@ mod serve;
 pub mod telemetry;
 
 pub use config::{BackendKind, ServerConfig};
-pub use serve::{load_policies, serve, ServeHandle};
+pub use serve::{load_options, load_policies, serve, ServeHandle};
