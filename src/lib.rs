@@ -7,4 +7,5 @@
 
 pub mod algorithm;
 pub mod contract;
+pub mod memory;
 pub mod subject;
