@@ -13,8 +13,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
 use super::readiness::Readiness;
+use crate::algorithm::revision_arg;
 use crate::policy::{PolicySet, Rule};
-use crate::redis::revision_arg;
 
 #[derive(Clone)]
 pub struct AdminState {

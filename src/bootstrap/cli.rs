@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::algorithm::revision_arg;
 use crate::contract::AlgorithmParams;
 use crate::policy::{ConfigError, Limit, LoadOptions, PolicySet};
-use crate::redis::revision_arg;
 
 /// `check`: a one-line summary of a valid directory, or every error, one per line, as
 /// `file:line:column: field: message`.

@@ -17,6 +17,7 @@ use super::reload::{self, Reloader};
 use super::{secret, telemetry};
 use crate::contract::RateLimitPort;
 use crate::envoy::{FailureMode, HeaderSettings, RateLimiter, ServiceSettings};
+use crate::memory::{MemoryBackend, MemoryConfig};
 use crate::policy::{LoadOptions, PolicySet};
 use crate::redis::{RedisBackend, RedisSettings};
 
@@ -84,15 +85,29 @@ pub async fn serve(
     telemetry::record_loaded(&policies);
     tracing::info!(
         dir = %config.policy_dir.display(),
-        revision = %crate::redis::revision_arg(policies.revision()),
+        revision = %crate::algorithm::revision_arg(policies.revision()),
         domains = policies.domains().count(),
         "policies loaded"
     );
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
-        BackendKind::Memory => anyhow::bail!(
-            "the embedded memory backend is not built into this revision yet; set redis.url"
-        ),
+        BackendKind::Memory => {
+            let (hasher, _) = secret::hasher(&config.hmac_secret, false)?;
+            let backend = MemoryBackend::new(MemoryConfig {
+                max_subjects: config.memory.max_subjects,
+                ..MemoryConfig::default()
+            });
+            tracing::warn!(
+                "memory backend: limits are local to this process and are not shared with other replicas"
+            );
+            let backend = Arc::new(backend);
+            let sampler = telemetry::spawn_memory_sampler(backend.clone());
+            let ops = Ops {
+                metrics,
+                tasks: vec![sampler],
+            };
+            run(config, policies, backend, hasher, ops, shutdown, ready).await
+        }
         BackendKind::Redis => {
             let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
             let url = config

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use crate::memory::MemoryBackend;
 use crate::policy::PolicySet;
 use crate::redis::RedisBackend;
 
@@ -90,6 +91,14 @@ fn describe() {
         "edgelimit_redis_live_connections",
         "Live Redis connections (sampled)"
     );
+    describe_gauge!(
+        "edgelimit_memory_subjects",
+        "States the embedded backend tracks (sampled)"
+    );
+    describe_counter!(
+        "edgelimit_memory_capacity_rejections_total",
+        "New subjects the embedded backend refused at memory.max_subjects (sampled)"
+    );
     describe_counter!(
         "edgelimit_config_reloads_total",
         "Policy reload attempts by result"
@@ -153,6 +162,19 @@ pub fn spawn_redis_sampler(backend: Arc<RedisBackend>) -> tokio::task::JoinHandl
             metrics::gauge!("edgelimit_redis_in_flight").set(backend.in_flight() as f64);
             metrics::gauge!("edgelimit_redis_live_connections")
                 .set(backend.live_connections() as f64);
+        }
+    })
+}
+
+/// Samples the embedded backend's size and refusals.
+pub fn spawn_memory_sampler(backend: Arc<MemoryBackend>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            interval.tick().await;
+            metrics::gauge!("edgelimit_memory_subjects").set(backend.tracked_subjects() as f64);
+            metrics::counter!("edgelimit_memory_capacity_rejections_total")
+                .absolute(backend.capacity_rejections());
         }
     })
 }

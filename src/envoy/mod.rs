@@ -114,7 +114,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
         translate::validate(request, &self.settings.bounds)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let policies = self.policies.load_full();
-        let applied = self.applicable_limits(&policies, request)?;
+        let (applied, unlimited) = self.applicable_limits(&policies, request)?;
 
         let mut port_requests = Vec::with_capacity(applied.len());
         for item in &applied {
@@ -165,18 +165,20 @@ impl<B: RateLimitPort> RateLimiter<B> {
             .zip(outcomes)
             .map(|(applied, outcome)| Evaluated { applied, outcome })
             .collect();
-        self.respond(request, &evaluated)
+        self.respond(request, &evaluated, &unlimited)
     }
 
-    /// Limits that apply to each descriptor, after `replaces` across the whole request.
+    /// Limits that apply to each descriptor, after `replaces` across the whole request, and
+    /// which descriptors matched an `unlimited` rule.
     fn applicable_limits<'p>(
         &self,
         policies: &'p PolicySet,
         request: &RateLimitRequest,
-    ) -> Result<Vec<Applied<'p>>, Status> {
+    ) -> Result<(Vec<Applied<'p>>, Vec<bool>), Status> {
         let mut applied = Vec::with_capacity(request.descriptors.len());
+        let mut unlimited = vec![false; request.descriptors.len()];
         if !policies.has_domain(&request.domain) {
-            return Ok(applied);
+            return Ok((applied, unlimited));
         }
         let mut replaced: Vec<&str> = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
@@ -195,6 +197,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             let Some(rule) = policies.find(&request.domain, entries) else {
                 continue;
             };
+            unlimited[index] = rule.unlimited;
             replaced.extend(rule.replaces.iter().map(String::as_str));
             for limit in &rule.limits {
                 applied.push(Applied {
@@ -212,26 +215,26 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     .is_none_or(|name| !replaced.contains(&name))
             });
         }
-        Ok(applied)
+        Ok((applied, unlimited))
     }
 
     fn respond(
         &self,
         request: &RateLimitRequest,
         evaluated: &[Evaluated<'_>],
+        unlimited: &[bool],
     ) -> Result<RateLimitResponse, Status> {
-        let policies = self.policies.load();
         let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(request.descriptors.len());
         let mut headline: Option<(&Evaluated<'_>, Restriction)> = None;
-        for (index, descriptor) in request.descriptors.iter().enumerate() {
+        for (index, &unlimited) in unlimited.iter().enumerate() {
             let mine = evaluated.iter().filter(|e| e.applied.descriptor == index);
             let mut worst: Option<(&Evaluated<'_>, Restriction)> = None;
             for e in mine {
                 record_metrics(e);
-                if !e.applied.shadow
-                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_))
-                    && self.settings.failure_mode == FailureMode::GrpcUnavailable
-                {
+                let fails_the_call = self.settings.failure_mode == FailureMode::GrpcUnavailable
+                    && !e.applied.shadow
+                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_));
+                if fails_the_call {
                     return Err(Status::unavailable(format!(
                         "rate limit backend outcome for policy {} is {} ({})",
                         e.applied.limit.policy.id(),
@@ -251,13 +254,11 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     }
                     descriptor_status(e)
                 }
-                None if self.is_unlimited(&policies, &request.domain, descriptor) => {
-                    DescriptorStatus {
-                        code: Code::Ok as i32,
-                        limit_remaining: u32::MAX,
-                        ..Default::default()
-                    }
-                }
+                None if unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                },
                 None => DescriptorStatus {
                     code: Code::Ok as i32,
                     ..Default::default()
@@ -275,24 +276,6 @@ impl<B: RateLimitPort> RateLimiter<B> {
             response_headers_to_add,
             ..Default::default()
         })
-    }
-
-    fn is_unlimited(
-        &self,
-        policies: &PolicySet,
-        domain: &str,
-        descriptor: &RateLimitDescriptor,
-    ) -> bool {
-        descriptor.limit.is_none()
-            && policies
-                .find(
-                    domain,
-                    descriptor
-                        .entries
-                        .iter()
-                        .map(|e| (e.key.as_str(), e.value.as_str())),
-                )
-                .is_some_and(|rule| rule.unlimited)
     }
 }
 
