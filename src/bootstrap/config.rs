@@ -213,7 +213,8 @@ impl ServerConfig {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        serde_saphyr::from_str(text).map_err(|e| e.to_string())
+        // No source snippet: the lines around an error may hold a Redis URL with a password.
+        serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())
     }
 
     pub fn backend_kind(&self) -> BackendKind {
@@ -254,5 +255,13 @@ mod tests {
         assert!(err.contains('3'), "line number expected: {err}");
         let err = ServerConfig::parse("default_timeout: 10\n").unwrap_err();
         assert!(err.contains("no unit"), "{err}");
+    }
+
+    #[test]
+    fn errors_never_quote_neighbouring_lines() {
+        let err =
+            ServerConfig::parse("redis:\n  url: redis://u:s3cretpw@h:1/\n  urll: x\n").unwrap_err();
+        assert!(err.contains("urll") && err.contains('3'), "{err}");
+        assert!(!err.contains("s3cretpw"), "{err}");
     }
 }
