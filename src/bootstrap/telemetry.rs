@@ -25,22 +25,24 @@ pub enum TelemetryError {
     Install(String),
 }
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
 /// Installs the global recorder once per process and returns the handle that renders it.
 /// Later calls (several servers in one test process) share the first recorder.
 pub fn install() -> Result<PrometheusHandle, TelemetryError> {
-    if let Some(handle) = HANDLE.get() {
-        return Ok(handle.clone());
-    }
-    let handle = PrometheusBuilder::new()
-        .set_buckets(LATENCY_BUCKETS)
-        .map_err(|e| TelemetryError::Install(e.to_string()))?
-        .install_recorder()
-        .map_err(|e| TelemetryError::Install(e.to_string()))?;
-    describe();
-    build_info();
-    Ok(HANDLE.get_or_init(|| handle).clone())
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets(LATENCY_BUCKETS)
+                .map_err(|e| e.to_string())?
+                .install_recorder()
+                .map_err(|e| e.to_string())?;
+            describe();
+            build_info();
+            Ok(handle)
+        })
+        .clone()
+        .map_err(TelemetryError::Install)
 }
 
 /// Histograms are kept in windows that only `run_upkeep` drains; without this task their
