@@ -130,12 +130,18 @@ async fn run<B: RateLimitPort>(
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,
 ) -> anyhow::Result<()> {
     tracing::info!(backend = %backend.describe(), "backend configured");
-    let limiter = RateLimiter::new(
+    let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
         Arc::new(hasher),
         service_settings(&config),
     );
+    if let Some(previous) = secret::previous_hasher(&config.hmac_secret)? {
+        tracing::warn!(
+            "HMAC secret rotation in progress: every limit is also enforced under the previous secret"
+        );
+        limiter = limiter.with_previous_secret(Arc::new(previous));
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let readiness_task = tokio::spawn(track_readiness(backend.clone(), health_reporter));
 
