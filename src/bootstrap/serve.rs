@@ -163,12 +163,18 @@ async fn run<B: RateLimitPort>(
     let mut tasks = ops.tasks;
     let readiness = Readiness::new();
     readiness.set_policies_loaded();
-    let limiter = RateLimiter::new(
+    let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
         Arc::new(hasher),
         service_settings(&config),
     );
+    if let Some(previous) = secret::previous_hasher(&config.hmac_secret)? {
+        tracing::warn!(
+            "HMAC secret rotation in progress: every limit is also enforced under the previous secret"
+        );
+        limiter = limiter.with_previous_secret(Arc::new(previous));
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     tasks.push(tokio::spawn(readiness::track(
         readiness.clone(),

@@ -35,6 +35,9 @@ pub struct ServerOptions {
     pub redis_extra: Vec<String>,
     /// Lay the policies out as a Kubernetes ConfigMap volume (`..data` symlink).
     pub configmap: bool,
+    /// HMAC secret (default `TEST_SECRET`) and, during a rotation, the previous one.
+    pub secret: String,
+    pub previous_secret: Option<String>,
 }
 
 impl ServerOptions {
@@ -48,7 +51,15 @@ impl ServerOptions {
             extra: String::new(),
             redis_extra: Vec::new(),
             configmap: false,
+            secret: TEST_SECRET.to_owned(),
+            previous_secret: None,
         }
+    }
+
+    pub fn secrets(mut self, current: &str, previous: Option<&str>) -> Self {
+        self.secret = current.to_owned();
+        self.previous_secret = previous.map(str::to_owned);
+        self
     }
 
     pub fn memory(policies: &[(&str, &str)]) -> Self {
@@ -89,7 +100,7 @@ impl EdgelimitServer {
             }
         }
         let secret = dir.path().join("secret");
-        std::fs::write(&secret, TEST_SECRET).expect("write secret");
+        std::fs::write(&secret, &options.secret).expect("write secret");
         let grpc_port = free_port();
         let admin_port = free_port();
         let mut yaml = format!(
@@ -97,6 +108,11 @@ impl EdgelimitServer {
             policy_dir.display(),
             secret.display()
         );
+        if let Some(previous) = &options.previous_secret {
+            let path = dir.path().join("previous-secret");
+            std::fs::write(&path, previous).expect("write previous secret");
+            yaml.push_str(&format!("  previous_file: {}\n", path.display()));
+        }
         if let Some(url) = &options.redis_url {
             let mut settings = vec![
                 format!("url: {url}"),
