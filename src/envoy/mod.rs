@@ -228,15 +228,16 @@ impl<B: RateLimitPort> RateLimiter<B> {
             let mut worst: Option<(&Evaluated<'_>, Restriction)> = None;
             for e in mine {
                 record_metrics(e);
-                if !e.applied.shadow && !matches!(e.outcome, RateLimitOutcome::Evaluated(_)) {
-                    if self.settings.failure_mode == FailureMode::GrpcUnavailable {
-                        return Err(Status::unavailable(format!(
-                            "rate limit backend outcome for policy {} is {} ({})",
-                            e.applied.limit.policy.id(),
-                            e.outcome.category(),
-                            e.outcome.cause()
-                        )));
-                    }
+                if !e.applied.shadow
+                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_))
+                    && self.settings.failure_mode == FailureMode::GrpcUnavailable
+                {
+                    return Err(Status::unavailable(format!(
+                        "rate limit backend outcome for policy {} is {} ({})",
+                        e.applied.limit.policy.id(),
+                        e.outcome.category(),
+                        e.outcome.cause()
+                    )));
                 }
                 let r = Restriction::of(e);
                 if worst.as_ref().is_none_or(|(_, w)| r > *w) {
