@@ -3,3 +3,4 @@
 
 pub mod redis_server;
 pub mod server;
+pub mod tcp_proxy;

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -31,6 +31,8 @@ pub struct ServerOptions {
     pub redis_url: Option<String>,
     pub policies: Vec<(String, String)>,
     pub extra: String,
+    /// Settings under `redis:` (`command_timeout`, ...); replace the defaults of the same name.
+    pub redis_settings: Vec<(String, String)>,
 }
 
 impl ServerOptions {
@@ -42,7 +44,18 @@ impl ServerOptions {
                 .map(|(n, t)| (n.to_string(), t.to_string()))
                 .collect(),
             extra: String::new(),
+            redis_settings: vec![
+                ("command_timeout".into(), "2s".into()),
+                ("connect_timeout".into(), "500ms".into()),
+            ],
         }
+    }
+
+    /// Sets one `redis:` setting, e.g. `.redis_setting("command_timeout", "300ms")`.
+    pub fn redis_setting(mut self, name: &str, value: &str) -> Self {
+        self.redis_settings.retain(|(n, _)| n != name);
+        self.redis_settings.push((name.into(), value.into()));
+        self
     }
 
     pub fn memory(policies: &[(&str, &str)]) -> Self {
@@ -77,9 +90,10 @@ impl EdgelimitServer {
             secret.display()
         );
         if let Some(url) = &options.redis_url {
-            yaml.push_str(&format!(
-                "redis:\n  url: {url}\n  command_timeout: 2s\n  connect_timeout: 500ms\n"
-            ));
+            yaml.push_str(&format!("redis:\n  url: {url}\n"));
+            for (name, value) in &options.redis_settings {
+                yaml.push_str(&format!("  {name}: {value}\n"));
+            }
         }
         yaml.push_str(&options.extra);
         let config = dir.path().join("edgelimit.yaml");
