@@ -115,11 +115,26 @@ impl Default for MemoryConfig {
 }
 
 /// Where the HMAC secret comes from. Exactly one of `file` / `env`; the value is never logged.
+/// `previous_file` / `previous_env` name the secret being rotated out (see SECURITY.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecretSource {
     pub file: Option<PathBuf>,
     pub env: Option<String>,
+    pub previous_file: Option<PathBuf>,
+    pub previous_env: Option<String>,
+}
+
+impl SecretSource {
+    /// The source of the secret being rotated out, if one is configured.
+    pub fn previous(&self) -> Option<SecretSource> {
+        (self.previous_file.is_some() || self.previous_env.is_some()).then(|| SecretSource {
+            file: self.previous_file.clone(),
+            env: self.previous_env.clone(),
+            previous_file: None,
+            previous_env: None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -12,6 +12,7 @@ use super::config::{BackendKind, FailureModeConfig, ServerConfig};
 use super::secret;
 use crate::contract::{BackendReadiness, RateLimitPort};
 use crate::envoy::{FailureMode, HeaderSettings, RateLimiter, ServiceSettings};
+use crate::memory::{MemoryBackend, MemoryConfig};
 use crate::policy::{LoadOptions, PolicySet};
 use crate::redis::{RedisBackend, RedisSettings};
 
@@ -80,9 +81,17 @@ pub async fn serve(
     );
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
-        BackendKind::Memory => anyhow::bail!(
-            "the embedded memory backend is not built into this revision yet; set redis.url"
-        ),
+        BackendKind::Memory => {
+            let (hasher, _) = secret::hasher(&config.hmac_secret, false)?;
+            let backend = MemoryBackend::new(MemoryConfig {
+                max_subjects: config.memory.max_subjects,
+                ..MemoryConfig::default()
+            });
+            tracing::warn!(
+                "memory backend: limits are local to this process and are not shared with other replicas"
+            );
+            run(config, policies, Arc::new(backend), hasher, shutdown, ready).await
+        }
         BackendKind::Redis => {
             let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
             let url = config
@@ -121,12 +130,18 @@ async fn run<B: RateLimitPort>(
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,
 ) -> anyhow::Result<()> {
     tracing::info!(backend = %backend.describe(), "backend configured");
-    let limiter = RateLimiter::new(
+    let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
         Arc::new(hasher),
         service_settings(&config),
     );
+    if let Some(previous) = secret::previous_hasher(&config.hmac_secret)? {
+        tracing::warn!(
+            "HMAC secret rotation in progress: every limit is also enforced under the previous secret"
+        );
+        limiter = limiter.with_previous_secret(Arc::new(previous));
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let readiness_task = tokio::spawn(track_readiness(backend.clone(), health_reporter));
 

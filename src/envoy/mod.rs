@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 
 use crate::contract::{
     Cost, RateLimitDecision, RateLimitOutcome, RateLimitPort, RateLimitRequest as PortRequest,
+    SubjectDigest,
 };
 use crate::policy::{Limit, PolicySet, Unit};
 use crate::subject::SubjectHasher;
@@ -71,7 +72,21 @@ pub struct RateLimiter<B> {
     policies: Arc<ArcSwap<PolicySet>>,
     backend: Arc<B>,
     hasher: Arc<SubjectHasher>,
+    previous_hasher: Option<Arc<SubjectHasher>>,
     settings: ServiceSettings,
+}
+
+/// A descriptor's subject digest, and its digest under the previous secret while rotating.
+#[derive(Clone, Copy)]
+struct Subjects {
+    current: SubjectDigest,
+    previous: Option<SubjectDigest>,
+}
+
+impl Subjects {
+    fn iter(self) -> impl Iterator<Item = SubjectDigest> {
+        std::iter::once(self.current).chain(self.previous)
+    }
 }
 
 /// One limit to evaluate for one descriptor.
@@ -98,7 +113,31 @@ impl<B: RateLimitPort> RateLimiter<B> {
             policies,
             backend,
             hasher,
+            previous_hasher: None,
             settings,
+        }
+    }
+
+    /// Also evaluates every subject under `previous` until it is removed, so rotating the
+    /// HMAC secret does not hand every subject a fresh quota (see SECURITY.md).
+    pub fn with_previous_secret(mut self, previous: Arc<SubjectHasher>) -> Self {
+        self.previous_hasher = Some(previous);
+        self
+    }
+
+    fn subjects(&self, domain: &str, descriptor: &RateLimitDescriptor) -> Subjects {
+        let entries = || {
+            descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+        };
+        Subjects {
+            current: self.hasher.digest(domain, entries()),
+            previous: self
+                .previous_hasher
+                .as_ref()
+                .map(|h| h.digest(domain, entries())),
         }
     }
 
@@ -114,10 +153,12 @@ impl<B: RateLimitPort> RateLimiter<B> {
         translate::validate(request, &self.settings.bounds)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let policies = self.policies.load_full();
-        let applied = self.applicable_limits(&policies, request)?;
+        let (applied, unlimited) = self.applicable_limits(&policies, request)?;
 
-        let mut port_requests = Vec::with_capacity(applied.len());
-        for item in &applied {
+        // One digest per descriptor (two while a secret rotates), shared by its limits.
+        let mut subjects: Vec<Option<Subjects>> = vec![None; request.descriptors.len()];
+        let mut jobs = Vec::with_capacity(applied.len());
+        for (index, item) in applied.iter().enumerate() {
             let descriptor = &request.descriptors[item.descriptor];
             let units = translate::descriptor_cost(request.hits_addend, descriptor);
             let cost = match units {
@@ -135,48 +176,64 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     .to_string(),
                 ));
             }
-            let subject = self.hasher.digest(
-                &request.domain,
-                descriptor
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str())),
-            );
-            port_requests.push(PortRequest::new(policy, subject, cost, None, deadline));
+            let subjects = *subjects[item.descriptor]
+                .get_or_insert_with(|| self.subjects(&request.domain, descriptor));
+            for subject in subjects.iter() {
+                jobs.push((
+                    index,
+                    PortRequest::new(policy, subject, cost, None, deadline),
+                ));
+            }
         }
 
-        let evaluations = applied
-            .iter()
-            .zip(&port_requests)
-            .map(|(item, request)| async {
-                match request {
-                    Ok(request) => self.backend.evaluate(&item.limit.policy, request).await,
-                    // Only an expired deadline can fail here (cost was checked above).
-                    Err(_) => RateLimitOutcome::Unavailable {
-                        policy_id: item.limit.policy.id().clone(),
-                        retry_after: Duration::from_secs(1),
-                        cause: crate::contract::UnavailableCause::DeadlineTooShort,
-                    },
-                }
-            });
+        let evaluations = jobs.iter().map(|(index, request)| async {
+            let policy = &applied[*index].limit.policy;
+            match request {
+                Ok(request) => self.backend.evaluate(policy, request).await,
+                // Only an expired deadline can fail here (cost was checked above).
+                Err(_) => RateLimitOutcome::Unavailable {
+                    policy_id: policy.id().clone(),
+                    retry_after: Duration::from_secs(1),
+                    cause: crate::contract::UnavailableCause::DeadlineTooShort,
+                },
+            }
+        });
         let outcomes = join_all(evaluations).await;
+        // During a rotation the old and the new subject must both allow: keep the worse.
+        let mut folded: Vec<Option<RateLimitOutcome>> = vec![None; applied.len()];
+        for ((index, _), outcome) in jobs.iter().zip(outcomes) {
+            let slot = &mut folded[*index];
+            let worse = slot
+                .as_ref()
+                .is_none_or(|kept| Restriction::of(&outcome) > Restriction::of(kept));
+            if worse {
+                *slot = Some(outcome);
+            }
+        }
         let evaluated: Vec<Evaluated<'_>> = applied
             .into_iter()
-            .zip(outcomes)
-            .map(|(applied, outcome)| Evaluated { applied, outcome })
+            .zip(folded)
+            .filter_map(|(applied, outcome)| {
+                Some(Evaluated {
+                    applied,
+                    outcome: outcome?,
+                })
+            })
             .collect();
-        self.respond(request, &evaluated)
+        self.respond(request, &evaluated, &unlimited)
     }
 
-    /// Limits that apply to each descriptor, after `replaces` across the whole request.
+    /// Limits that apply to each descriptor, after `replaces` across the whole request, and
+    /// which descriptors matched an `unlimited` rule.
     fn applicable_limits<'p>(
         &self,
         policies: &'p PolicySet,
         request: &RateLimitRequest,
-    ) -> Result<Vec<Applied<'p>>, Status> {
+    ) -> Result<(Vec<Applied<'p>>, Vec<bool>), Status> {
         let mut applied = Vec::with_capacity(request.descriptors.len());
+        let mut unlimited = vec![false; request.descriptors.len()];
         if !policies.has_domain(&request.domain) {
-            return Ok(applied);
+            return Ok((applied, unlimited));
         }
         let mut replaced: Vec<&str> = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
@@ -195,6 +252,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             let Some(rule) = policies.find(&request.domain, entries) else {
                 continue;
             };
+            unlimited[index] = rule.unlimited;
             replaced.extend(rule.replaces.iter().map(String::as_str));
             for limit in &rule.limits {
                 applied.push(Applied {
@@ -212,26 +270,26 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     .is_none_or(|name| !replaced.contains(&name))
             });
         }
-        Ok(applied)
+        Ok((applied, unlimited))
     }
 
     fn respond(
         &self,
         request: &RateLimitRequest,
         evaluated: &[Evaluated<'_>],
+        unlimited: &[bool],
     ) -> Result<RateLimitResponse, Status> {
-        let policies = self.policies.load();
         let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(request.descriptors.len());
         let mut headline: Option<(&Evaluated<'_>, Restriction)> = None;
-        for (index, descriptor) in request.descriptors.iter().enumerate() {
+        for (index, &unlimited) in unlimited.iter().enumerate() {
             let mine = evaluated.iter().filter(|e| e.applied.descriptor == index);
             let mut worst: Option<(&Evaluated<'_>, Restriction)> = None;
             for e in mine {
                 record_metrics(e);
-                if !e.applied.shadow
-                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_))
-                    && self.settings.failure_mode == FailureMode::GrpcUnavailable
-                {
+                let fails_the_call = self.settings.failure_mode == FailureMode::GrpcUnavailable
+                    && !e.applied.shadow
+                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_));
+                if fails_the_call {
                     return Err(Status::unavailable(format!(
                         "rate limit backend outcome for policy {} is {} ({})",
                         e.applied.limit.policy.id(),
@@ -239,7 +297,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
                         e.outcome.cause()
                     )));
                 }
-                let r = Restriction::of(e);
+                let r = Restriction::of(&e.outcome);
                 if worst.as_ref().is_none_or(|(_, w)| r > *w) {
                     worst = Some((e, r));
                 }
@@ -251,13 +309,11 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     }
                     descriptor_status(e)
                 }
-                None if self.is_unlimited(&policies, &request.domain, descriptor) => {
-                    DescriptorStatus {
-                        code: Code::Ok as i32,
-                        limit_remaining: u32::MAX,
-                        ..Default::default()
-                    }
-                }
+                None if unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                },
                 None => DescriptorStatus {
                     code: Code::Ok as i32,
                     ..Default::default()
@@ -275,24 +331,6 @@ impl<B: RateLimitPort> RateLimiter<B> {
             response_headers_to_add,
             ..Default::default()
         })
-    }
-
-    fn is_unlimited(
-        &self,
-        policies: &PolicySet,
-        domain: &str,
-        descriptor: &RateLimitDescriptor,
-    ) -> bool {
-        descriptor.limit.is_none()
-            && policies
-                .find(
-                    domain,
-                    descriptor
-                        .entries
-                        .iter()
-                        .map(|e| (e.key.as_str(), e.value.as_str())),
-                )
-                .is_some_and(|rule| rule.unlimited)
     }
 }
 
@@ -339,8 +377,8 @@ enum Restriction {
 }
 
 impl Restriction {
-    fn of(e: &Evaluated<'_>) -> Self {
-        match &e.outcome {
+    fn of(outcome: &RateLimitOutcome) -> Self {
+        match outcome {
             RateLimitOutcome::Evaluated(d) if d.allowed => Restriction::Allowed {
                 remaining_inverse: u64::MAX - d.remaining,
             },

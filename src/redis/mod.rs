@@ -19,8 +19,8 @@ use crate::contract::{
 
 pub use classify::{breaks_connection, classify, Failure};
 pub use connections::ConnectionSettings;
-pub use keys::{revision_arg, KeyBuilder};
-pub use programs::{Program, Programs};
+pub use keys::KeyBuilder;
+pub use programs::{program_args, program_source, Program, Programs};
 pub use reply::{parse as parse_reply, ReplyError};
 
 use connections::Connections;

@@ -31,6 +31,9 @@ pub struct ServerOptions {
     pub redis_url: Option<String>,
     pub policies: Vec<(String, String)>,
     pub extra: String,
+    /// HMAC secret (default `TEST_SECRET`) and, during a rotation, the previous one.
+    pub secret: String,
+    pub previous_secret: Option<String>,
     /// Settings under `redis:` (`command_timeout`, ...); replace the defaults of the same name.
     pub redis_settings: Vec<(String, String)>,
 }
@@ -44,11 +47,19 @@ impl ServerOptions {
                 .map(|(n, t)| (n.to_string(), t.to_string()))
                 .collect(),
             extra: String::new(),
+            secret: TEST_SECRET.to_owned(),
+            previous_secret: None,
             redis_settings: vec![
                 ("command_timeout".into(), "2s".into()),
                 ("connect_timeout".into(), "500ms".into()),
             ],
         }
+    }
+
+    pub fn secrets(mut self, current: &str, previous: Option<&str>) -> Self {
+        self.secret = current.to_owned();
+        self.previous_secret = previous.map(str::to_owned);
+        self
     }
 
     /// Sets one `redis:` setting, e.g. `.redis_setting("command_timeout", "300ms")`.
@@ -81,7 +92,7 @@ impl EdgelimitServer {
             std::fs::write(policy_dir.join(name), text).expect("write policy");
         }
         let secret = dir.path().join("secret");
-        std::fs::write(&secret, TEST_SECRET).expect("write secret");
+        std::fs::write(&secret, &options.secret).expect("write secret");
         let grpc_port = free_port();
         let admin_port = free_port();
         let mut yaml = format!(
@@ -89,6 +100,11 @@ impl EdgelimitServer {
             policy_dir.display(),
             secret.display()
         );
+        if let Some(previous) = &options.previous_secret {
+            let path = dir.path().join("previous-secret");
+            std::fs::write(&path, previous).expect("write previous secret");
+            yaml.push_str(&format!("  previous_file: {}\n", path.display()));
+        }
         if let Some(url) = &options.redis_url {
             yaml.push_str(&format!("redis:\n  url: {url}\n"));
             for (name, value) in &options.redis_settings {
