@@ -285,7 +285,7 @@ async fn sigterm_reports_not_ready_finishes_in_flight_requests_and_exits_zero() 
     let redis = RedisServer::start();
     let mut server = EdgelimitServer::start(
         ServerOptions::redis(&redis.url(), &[("a.yaml", &limit_policy("a", "t", 3))])
-            .redis_setting("command_timeout: 4s"),
+            .redis_setting("command_timeout", "4s"),
     );
     assert!(wait_until(BOUND, || server.admin_get("/readyz").0 == 200));
     let mut client = server.client().await;

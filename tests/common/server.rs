@@ -31,13 +31,13 @@ pub struct ServerOptions {
     pub redis_url: Option<String>,
     pub policies: Vec<(String, String)>,
     pub extra: String,
-    /// Lines added to the `redis:` block, e.g. `command_timeout: 4s`.
-    pub redis_extra: Vec<String>,
     /// Lay the policies out as a Kubernetes ConfigMap volume (`..data` symlink).
     pub configmap: bool,
     /// HMAC secret (default `TEST_SECRET`) and, during a rotation, the previous one.
     pub secret: String,
     pub previous_secret: Option<String>,
+    /// Settings under `redis:` (`command_timeout`, ...); replace the defaults of the same name.
+    pub redis_settings: Vec<(String, String)>,
 }
 
 impl ServerOptions {
@@ -49,10 +49,13 @@ impl ServerOptions {
                 .map(|(n, t)| (n.to_string(), t.to_string()))
                 .collect(),
             extra: String::new(),
-            redis_extra: Vec::new(),
             configmap: false,
             secret: TEST_SECRET.to_owned(),
             previous_secret: None,
+            redis_settings: vec![
+                ("command_timeout".into(), "2s".into()),
+                ("connect_timeout".into(), "500ms".into()),
+            ],
         }
     }
 
@@ -62,17 +65,18 @@ impl ServerOptions {
         self
     }
 
+    /// Sets one `redis:` setting, e.g. `.redis_setting("command_timeout", "300ms")`.
+    pub fn redis_setting(mut self, name: &str, value: &str) -> Self {
+        self.redis_settings.retain(|(n, _)| n != name);
+        self.redis_settings.push((name.into(), value.into()));
+        self
+    }
+
     pub fn memory(policies: &[(&str, &str)]) -> Self {
         Self {
             redis_url: None,
             ..Self::redis("", policies)
         }
-    }
-
-    /// Overrides one `redis:` setting (`key: value`).
-    pub fn redis_setting(mut self, line: &str) -> Self {
-        self.redis_extra.push(line.to_owned());
-        self
     }
 
     pub fn configmap(mut self) -> Self {
@@ -114,19 +118,9 @@ impl EdgelimitServer {
             yaml.push_str(&format!("  previous_file: {}\n", path.display()));
         }
         if let Some(url) = &options.redis_url {
-            let mut settings = vec![
-                format!("url: {url}"),
-                "command_timeout: 2s".to_owned(),
-                "connect_timeout: 500ms".to_owned(),
-            ];
-            for line in &options.redis_extra {
-                let key = line.split(':').next().unwrap_or_default();
-                settings.retain(|s| !s.starts_with(&format!("{key}:")));
-                settings.push(line.clone());
-            }
-            yaml.push_str("redis:\n");
-            for line in settings {
-                yaml.push_str(&format!("  {line}\n"));
+            yaml.push_str(&format!("redis:\n  url: {url}\n"));
+            for (name, value) in &options.redis_settings {
+                yaml.push_str(&format!("  {name}: {value}\n"));
             }
         }
         yaml.push_str(&options.extra);
