@@ -9,6 +9,7 @@ pub mod algorithm;
 pub mod bootstrap;
 pub mod contract;
 pub mod envoy;
+pub mod memory;
 pub mod policy;
 pub mod redis;
 pub mod subject;

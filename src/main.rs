@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use edgelimit::bootstrap::{self, ServerConfig};
+use edgelimit::bootstrap::{self, cli, ServerConfig};
 
 #[derive(Parser)]
 #[command(
@@ -41,13 +41,103 @@ enum Command {
         #[arg(long)]
         log_json: bool,
     },
+    /// Validate a policy directory (for CI): prints `file:line:column: field: message` per
+    /// error and exits 1, or a one-line summary and exits 0.
+    Check {
+        /// Policy directory.
+        dir: PathBuf,
+        /// Server configuration whose `policies` options (e.g. `merge_domains`) apply.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Show which rule a descriptor matches and what it enforces, without any backend.
+    Explain {
+        /// Policy directory (default: the configuration's `policy_dir`).
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
+        /// Server configuration whose `policies` options apply.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The request's domain.
+        #[arg(long)]
+        domain: String,
+        /// Descriptor entries in order, as `key=value`.
+        entries: Vec<String>,
+    },
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<ServerConfig, ExitCode> {
+    match path {
+        Some(path) => ServerConfig::load(path).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }),
+        None => Ok(ServerConfig::default()),
+    }
+}
+
+fn check(dir: PathBuf, config: Option<PathBuf>) -> ExitCode {
+    let config = match load_config(config.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match cli::check(&dir, &bootstrap::load_options(&config)) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for error in &errors {
+                println!("{error}");
+            }
+            eprintln!("{} error(s) in {}", errors.len(), dir.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(
+    policy_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+    domain: String,
+    entries: Vec<String>,
+) -> ExitCode {
+    let mut config = match load_config(config.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(dir) = policy_dir {
+        config.policy_dir = dir;
+    }
+    let entries = match cli::parse_entries(&entries) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match bootstrap::load_policies(&config) {
+        Ok(set) => {
+            print!("{}", cli::explain(&set, &domain, &entries));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn init_logging(config: &ServerConfig) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EDGELIMIT_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colours only on a terminal: escape codes in container logs and files are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     if config.log.json {
         builder.json().init();
     } else {
@@ -55,31 +145,40 @@ fn init_logging(config: &ServerConfig) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// SIGTERM or SIGINT. The handlers are installed here, before the server starts, so a
+/// signal during startup is not lost (nor kills the process with the default action).
+#[cfg(unix)]
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutdown requested; finishing in-flight requests");
+        tracing::info!("shutdown requested; finishing in-flight requests");
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown requested; finishing in-flight requests");
+    })
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Check { dir, config } => check(dir, config),
+        Command::Explain {
+            policy_dir,
+            config,
+            domain,
+            entries,
+        } => explain(policy_dir, config, domain, entries),
         Command::Serve {
             config,
             listen,
@@ -119,7 +218,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(bootstrap::serve(server_config, shutdown_signal(), None)) {
+            let served = runtime.block_on(async {
+                let shutdown = shutdown_signal()?;
+                bootstrap::serve(server_config, shutdown, None).await
+            });
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");

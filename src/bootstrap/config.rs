@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub headers: HeadersConfig,
     pub policies: PolicyDefaults,
     pub log: LogConfig,
+    /// How long a shutdown waits for in-flight requests before exiting anyway.
+    #[serde(with = "serde_duration")]
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -49,6 +52,7 @@ impl Default for ServerConfig {
             headers: HeadersConfig::default(),
             policies: PolicyDefaults::default(),
             log: LogConfig::default(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -115,11 +119,26 @@ impl Default for MemoryConfig {
 }
 
 /// Where the HMAC secret comes from. Exactly one of `file` / `env`; the value is never logged.
+/// `previous_file` / `previous_env` name the secret being rotated out (see SECURITY.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecretSource {
     pub file: Option<PathBuf>,
     pub env: Option<String>,
+    pub previous_file: Option<PathBuf>,
+    pub previous_env: Option<String>,
+}
+
+impl SecretSource {
+    /// The source of the secret being rotated out, if one is configured.
+    pub fn previous(&self) -> Option<SecretSource> {
+        (self.previous_file.is_some() || self.previous_env.is_some()).then(|| SecretSource {
+            file: self.previous_file.clone(),
+            env: self.previous_env.clone(),
+            previous_file: None,
+            previous_env: None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -209,7 +228,8 @@ impl ServerConfig {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        serde_saphyr::from_str(text).map_err(|e| e.to_string())
+        // No source snippet: the lines around an error may hold a Redis URL with a password.
+        serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())
     }
 
     pub fn backend_kind(&self) -> BackendKind {
@@ -250,5 +270,13 @@ mod tests {
         assert!(err.contains('3'), "line number expected: {err}");
         let err = ServerConfig::parse("default_timeout: 10\n").unwrap_err();
         assert!(err.contains("no unit"), "{err}");
+    }
+
+    #[test]
+    fn errors_never_quote_neighbouring_lines() {
+        let err =
+            ServerConfig::parse("redis:\n  url: redis://u:s3cretpw@h:1/\n  urll: x\n").unwrap_err();
+        assert!(err.contains("urll") && err.contains('3'), "{err}");
+        assert!(!err.contains("s3cretpw"), "{err}");
     }
 }

@@ -1,10 +1,15 @@
 //! Composition: reads configuration, builds the backend, policies and services, and runs
 //! them. Holds no rate-limit logic of its own.
 
+pub mod admin;
+pub mod cli;
 pub mod config;
 pub mod duration;
+pub mod readiness;
+pub mod reload;
 pub mod secret;
 mod serve;
+pub mod telemetry;
 
 pub use config::{BackendKind, ServerConfig};
-pub use serve::{load_policies, serve, ServeHandle};
+pub use serve::{load_options, load_policies, serve, ServeHandle};

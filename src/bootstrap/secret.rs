@@ -73,6 +73,20 @@ pub fn hasher(
     Ok((hasher, generated))
 }
 
+/// The hasher of the secret being rotated out, if `previous_*` is configured.
+pub fn previous_hasher(source: &SecretSource) -> Result<Option<SubjectHasher>, SecretLoadError> {
+    let Some(previous) = source.previous() else {
+        return Ok(None);
+    };
+    let Some(secret) = load(&previous)? else {
+        return Ok(None);
+    };
+    let len = secret.len();
+    SubjectHasher::new(secret)
+        .map(Some)
+        .map_err(|_| SecretLoadError::TooShort { len })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,7 +98,7 @@ mod tests {
         std::fs::write(&path, format!("{}\n", "s".repeat(32))).unwrap();
         let src = SecretSource {
             file: Some(path.clone()),
-            env: None,
+            ..SecretSource::default()
         };
         assert_eq!(load(&src).unwrap().unwrap().len(), 32);
         std::fs::write(&path, "short-secret-value\n").unwrap();
@@ -105,11 +119,12 @@ mod tests {
         let both = SecretSource {
             file: Some("x".into()),
             env: Some("Y".into()),
+            ..SecretSource::default()
         };
         assert!(matches!(load(&both), Err(SecretLoadError::Ambiguous)));
         let missing = SecretSource {
-            file: None,
             env: Some("EDGELIMIT_TEST_SURELY_UNSET_VARIABLE".into()),
+            ..SecretSource::default()
         };
         assert!(matches!(load(&missing), Err(SecretLoadError::Env(_))));
     }

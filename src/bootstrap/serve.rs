@@ -8,10 +8,16 @@ use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
+use tokio::task::JoinHandle;
+
+use super::admin::{self, AdminState};
 use super::config::{BackendKind, FailureModeConfig, ServerConfig};
-use super::secret;
-use crate::contract::{BackendReadiness, RateLimitPort};
+use super::readiness::{self, Readiness};
+use super::reload::{self, Reloader};
+use super::{secret, telemetry};
+use crate::contract::RateLimitPort;
 use crate::envoy::{FailureMode, HeaderSettings, RateLimiter, ServiceSettings};
+use crate::memory::{MemoryBackend, MemoryConfig};
 use crate::policy::{LoadOptions, PolicySet};
 use crate::redis::{RedisBackend, RedisSettings};
 
@@ -23,6 +29,7 @@ const RLS_DESCRIPTORS: &[u8] = include_bytes!("../../proto/rls_descriptors.bin")
 #[derive(Debug, Clone)]
 pub struct ServeHandle {
     pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
 }
 
 pub fn load_options(config: &ServerConfig) -> LoadOptions {
@@ -65,24 +72,42 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
     }
 }
 
-/// Runs the server until `shutdown` resolves. `ready` receives the bound addresses once the
-/// listeners are open (ports may be 0 in the configuration).
+/// Runs the server until `shutdown` resolves, then drains: reports not ready, stops
+/// accepting, and lets in-flight requests finish within `shutdown_grace`. `ready` receives
+/// the bound addresses once the listeners are open (ports may be 0 in the configuration).
 pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,
 ) -> anyhow::Result<()> {
+    let metrics = telemetry::install()?;
     let policies = load_policies(&config)?;
+    telemetry::record_loaded(&policies);
     tracing::info!(
         dir = %config.policy_dir.display(),
+        revision = %crate::algorithm::revision_arg(policies.revision()),
         domains = policies.domains().count(),
         "policies loaded"
     );
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
-        BackendKind::Memory => anyhow::bail!(
-            "the embedded memory backend is not built into this revision yet; set redis.url"
-        ),
+        BackendKind::Memory => {
+            let (hasher, _) = secret::hasher(&config.hmac_secret, false)?;
+            let backend = MemoryBackend::new(MemoryConfig {
+                max_subjects: config.memory.max_subjects,
+                ..MemoryConfig::default()
+            });
+            tracing::warn!(
+                "memory backend: limits are local to this process and are not shared with other replicas"
+            );
+            let backend = Arc::new(backend);
+            let sampler = telemetry::spawn_memory_sampler(backend.clone());
+            let ops = Ops {
+                metrics,
+                tasks: vec![sampler],
+            };
+            run(config, policies, backend, hasher, ops, shutdown, ready).await
+        }
         BackendKind::Redis => {
             let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
             let url = config
@@ -107,9 +132,22 @@ pub async fn serve(
                     "Redis is not reachable; serving anyway and failing closed until it is"
                 );
             }
-            run(config, policies, Arc::new(backend), hasher, shutdown, ready).await
+            let backend = Arc::new(backend);
+            let sampler = telemetry::spawn_redis_sampler(backend.clone());
+            let ops = Ops {
+                metrics,
+                tasks: vec![sampler],
+            };
+            run(config, policies, backend, hasher, ops, shutdown, ready).await
         }
     }
+}
+
+/// Operational pieces `run` serves next to the limiter, whatever the backend.
+struct Ops {
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Backend-specific background tasks, stopped when the server stops.
+    tasks: Vec<JoinHandle<()>>,
 }
 
 async fn run<B: RateLimitPort>(
@@ -117,62 +155,116 @@ async fn run<B: RateLimitPort>(
     policies: Arc<ArcSwap<PolicySet>>,
     backend: Arc<B>,
     hasher: crate::subject::SubjectHasher,
+    ops: Ops,
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,
 ) -> anyhow::Result<()> {
     tracing::info!(backend = %backend.describe(), "backend configured");
-    let limiter = RateLimiter::new(
+    let mut tasks = ops.tasks;
+    let readiness = Readiness::new();
+    readiness.set_policies_loaded();
+    let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
         Arc::new(hasher),
         service_settings(&config),
     );
+    if let Some(previous) = secret::previous_hasher(&config.hmac_secret)? {
+        tracing::warn!(
+            "HMAC secret rotation in progress: every limit is also enforced under the previous secret"
+        );
+        limiter = limiter.with_previous_secret(Arc::new(previous));
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let readiness_task = tokio::spawn(track_readiness(backend.clone(), health_reporter));
+    tasks.push(tokio::spawn(readiness::track(
+        readiness.clone(),
+        backend.clone(),
+        health_reporter.clone(),
+    )));
+    tasks.push(telemetry::spawn_upkeep(ops.metrics.clone()));
+    tasks.push(reload::spawn(Reloader::new(
+        config.policy_dir.clone(),
+        load_options(&config),
+        policies.clone(),
+    )));
 
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let grpc_addr = listener.local_addr()?;
-    tracing::info!(%grpc_addr, "serving Envoy RateLimitService");
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (admin)", config.admin_listen))?;
+    let admin_addr = admin_listener.local_addr()?;
+    let admin_router = admin::router(AdminState {
+        readiness: readiness.clone(),
+        policies: policies.clone(),
+        metrics: ops.metrics,
+    });
+    // The admin listener outlives the gRPC drain, so `/readyz` answers 503 throughout it.
+    tasks.push(tokio::spawn(async move {
+        if let Err(error) = axum::serve(admin_listener, admin_router).await {
+            tracing::error!(%error, "admin listener failed");
+        }
+    }));
+    tracing::info!(%grpc_addr, %admin_addr, "serving Envoy RateLimitService and admin HTTP");
     if let Some(ready) = ready {
-        let _ = ready.send(ServeHandle { grpc_addr });
+        let _ = ready.send(ServeHandle {
+            grpc_addr,
+            admin_addr,
+        });
     }
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(RLS_DESCRIPTORS)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the gRPC reflection service")?;
-    let result = tonic::transport::Server::builder()
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(limiter.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
-        .context("gRPC server failed");
-    readiness_task.abort();
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = stopped.await;
+        });
+    tokio::pin!(server);
+    let result = tokio::select! {
+        result = &mut server => result.context("gRPC server failed"),
+        () = shutdown => {
+            drain(&readiness, &health_reporter, stop, server, config.shutdown_grace).await
+        }
+    };
+    for task in tasks {
+        task.abort();
+    }
     result
 }
 
-/// Keeps gRPC health in step with the backend: NOT_SERVING while it cannot decide.
-async fn track_readiness<B: RateLimitPort>(
-    backend: Arc<B>,
-    reporter: tonic_health::server::HealthReporter,
-) {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME;
-    let mut last = None;
-    loop {
-        let ready = backend.readiness().await == BackendReadiness::Ready;
-        if last != Some(ready) {
-            let status = if ready {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            reporter.set_service_status(SERVICE_NAME, status).await;
-            reporter.set_service_status("", status).await;
-            last = Some(ready);
+/// Not ready first (so health checkers stop sending), then stop accepting and wait for
+/// in-flight requests, at most `grace`.
+async fn drain(
+    readiness: &Readiness,
+    health: &tonic_health::server::HealthReporter,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    readiness.begin_shutdown();
+    readiness::set_health(health, false).await;
+    tracing::info!(
+        ?grace,
+        "shutting down: not ready, no new connections, draining"
+    );
+    let _ = stop.send(());
+    match tokio::time::timeout(grace, server).await {
+        Ok(result) => {
+            result.context("gRPC server failed while draining")?;
+            tracing::info!("drained; exiting");
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        Err(_) => tracing::warn!(
+            ?grace,
+            "shutdown grace elapsed; abandoning requests still in flight"
+        ),
     }
+    Ok(())
 }

@@ -24,8 +24,8 @@ use futures_util::future::join_all;
 use tonic::{Request, Response, Status};
 
 use crate::contract::{
-    ContractError, Cost, PolicyId, RateLimitDecision, RateLimitOutcome, RateLimitPort,
-    RateLimitRequest as PortRequest, SubjectDigest,
+    ContractError, Cost, PolicyId, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
+    RateLimitPort, RateLimitRequest as PortRequest, SubjectDigest,
 };
 use crate::policy::{Limit, PolicySet, Unit};
 use crate::subject::SubjectHasher;
@@ -73,8 +73,22 @@ pub struct RateLimiter<B> {
     policies: Arc<ArcSwap<PolicySet>>,
     backend: Arc<B>,
     hasher: Arc<SubjectHasher>,
+    previous_hasher: Option<Arc<SubjectHasher>>,
     settings: ServiceSettings,
     counters: DecisionCounters,
+}
+
+/// A descriptor's subject digest, and its digest under the previous secret while rotating.
+#[derive(Clone, Copy)]
+struct Subjects {
+    current: SubjectDigest,
+    previous: Option<SubjectDigest>,
+}
+
+impl Subjects {
+    fn iter(self) -> impl Iterator<Item = SubjectDigest> {
+        std::iter::once(self.current).chain(self.previous)
+    }
 }
 
 /// One limit to evaluate for one descriptor.
@@ -101,8 +115,32 @@ impl<B: RateLimitPort> RateLimiter<B> {
             policies,
             backend,
             hasher,
+            previous_hasher: None,
             settings,
             counters: DecisionCounters::default(),
+        }
+    }
+
+    /// Also evaluates every subject under `previous` until it is removed, so rotating the
+    /// HMAC secret does not hand every subject a fresh quota (see SECURITY.md).
+    pub fn with_previous_secret(mut self, previous: Arc<SubjectHasher>) -> Self {
+        self.previous_hasher = Some(previous);
+        self
+    }
+
+    fn subjects(&self, domain: &str, descriptor: &RateLimitDescriptor) -> Subjects {
+        let entries = || {
+            descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+        };
+        Subjects {
+            current: self.hasher.digest(domain, entries()),
+            previous: self
+                .previous_hasher
+                .as_ref()
+                .map(|h| h.digest(domain, entries())),
         }
     }
 
@@ -118,11 +156,12 @@ impl<B: RateLimitPort> RateLimiter<B> {
         translate::validate(request, &self.settings.bounds)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let policies = self.policies.load_full();
-        let applied = self.applicable_limits(&policies, request)?;
+        let (applied, unlimited) = self.applicable_limits(&policies, request)?;
 
-        let mut port_requests = Vec::with_capacity(applied.len());
-        let mut subjects: Option<(usize, SubjectDigest)> = None;
-        for item in &applied {
+        // One digest per descriptor (two while a secret rotates), shared by its limits.
+        let mut subjects: Vec<Option<Subjects>> = vec![None; request.descriptors.len()];
+        let mut jobs = Vec::with_capacity(applied.len());
+        for (index, item) in applied.iter().enumerate() {
             let descriptor = &request.descriptors[item.descriptor];
             let units = translate::descriptor_cost(request.hits_addend, descriptor);
             let cost = match units {
@@ -140,70 +179,82 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     .to_string(),
                 ));
             }
-            // Limits of one descriptor are adjacent: hash its entries once, not per limit.
-            let subject = match subjects {
-                Some((index, subject)) if index == item.descriptor => subject,
-                _ => self.hasher.digest(
-                    &request.domain,
-                    descriptor
-                        .entries
-                        .iter()
-                        .map(|e| (e.key.as_str(), e.value.as_str())),
-                ),
-            };
-            subjects = Some((item.descriptor, subject));
-            port_requests.push(PortRequest::new(policy, subject, cost, None, deadline));
+            let subjects = *subjects[item.descriptor]
+                .get_or_insert_with(|| self.subjects(&request.domain, descriptor));
+            for subject in subjects.iter() {
+                jobs.push((
+                    index,
+                    PortRequest::new(policy, subject, cost, None, deadline),
+                ));
+            }
         }
 
-        let evaluated: Vec<Evaluated<'_>> =
-            if let ([item], [port_request]) = (applied.as_slice(), port_requests.as_slice()) {
-                // One limit, the common case: no join_all (it allocates twice).
-                let outcome = self.evaluate(item, port_request).await;
-                applied
-                    .into_iter()
-                    .zip(std::iter::once(outcome))
-                    .map(|(applied, outcome)| Evaluated { applied, outcome })
-                    .collect()
-            } else {
-                let evaluations = applied
-                    .iter()
-                    .zip(&port_requests)
-                    .map(|(item, port_request)| self.evaluate(item, port_request));
-                let outcomes = join_all(evaluations).await;
-                applied
-                    .into_iter()
-                    .zip(outcomes)
-                    .map(|(applied, outcome)| Evaluated { applied, outcome })
-                    .collect()
-            };
-        self.respond(request, &evaluated)
+        if let [(_, port_request)] = jobs.as_slice() {
+            // One limit and one subject, the common case: no join_all (two allocations) and
+            // nothing to fold.
+            let outcome = self.evaluate(&applied[0].limit.policy, port_request).await;
+            let evaluated: Vec<Evaluated<'_>> = applied
+                .into_iter()
+                .zip(std::iter::once(outcome))
+                .map(|(applied, outcome)| Evaluated { applied, outcome })
+                .collect();
+            return self.respond(request, &evaluated, &unlimited, policies.revision());
+        }
+        let evaluations = jobs
+            .iter()
+            .map(|(index, request)| self.evaluate(&applied[*index].limit.policy, request));
+        let outcomes = join_all(evaluations).await;
+        // During a rotation the old and the new subject must both allow: keep the worse.
+        let mut folded: Vec<Option<RateLimitOutcome>> = vec![None; applied.len()];
+        for ((index, _), outcome) in jobs.iter().zip(outcomes) {
+            let slot = &mut folded[*index];
+            let worse = slot
+                .as_ref()
+                .is_none_or(|kept| Restriction::of(&outcome) > Restriction::of(kept));
+            if worse {
+                *slot = Some(outcome);
+            }
+        }
+        let evaluated: Vec<Evaluated<'_>> = applied
+            .into_iter()
+            .zip(folded)
+            .filter_map(|(applied, outcome)| {
+                Some(Evaluated {
+                    applied,
+                    outcome: outcome?,
+                })
+            })
+            .collect();
+        self.respond(request, &evaluated, &unlimited, policies.revision())
     }
 
     async fn evaluate(
         &self,
-        item: &Applied<'_>,
+        policy: &RateLimitPolicy,
         request: &Result<PortRequest, ContractError>,
     ) -> RateLimitOutcome {
         match request {
-            Ok(request) => self.backend.evaluate(&item.limit.policy, request).await,
+            Ok(request) => self.backend.evaluate(policy, request).await,
             // Only an expired deadline can fail here (cost was checked above).
             Err(_) => RateLimitOutcome::Unavailable {
-                policy_id: item.limit.policy.id().clone(),
+                policy_id: policy.id().clone(),
                 retry_after: Duration::from_secs(1),
                 cause: crate::contract::UnavailableCause::DeadlineTooShort,
             },
         }
     }
 
-    /// Limits that apply to each descriptor, after `replaces` across the whole request.
+    /// Limits that apply to each descriptor, after `replaces` across the whole request, and
+    /// which descriptors matched an `unlimited` rule.
     fn applicable_limits<'p>(
         &self,
         policies: &'p PolicySet,
         request: &RateLimitRequest,
-    ) -> Result<Vec<Applied<'p>>, Status> {
+    ) -> Result<(Vec<Applied<'p>>, Vec<bool>), Status> {
         let mut applied = Vec::with_capacity(request.descriptors.len());
+        let mut unlimited = vec![false; request.descriptors.len()];
         if !policies.has_domain(&request.domain) {
-            return Ok(applied);
+            return Ok((applied, unlimited));
         }
         let mut replaced: Vec<&str> = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
@@ -222,6 +273,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             let Some(rule) = policies.find(&request.domain, entries) else {
                 continue;
             };
+            unlimited[index] = rule.unlimited;
             replaced.extend(rule.replaces.iter().map(String::as_str));
             for limit in &rule.limits {
                 applied.push(Applied {
@@ -239,26 +291,27 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     .is_none_or(|name| !replaced.contains(&name))
             });
         }
-        Ok(applied)
+        Ok((applied, unlimited))
     }
 
     fn respond(
         &self,
         request: &RateLimitRequest,
         evaluated: &[Evaluated<'_>],
+        unlimited: &[bool],
+        revision: u64,
     ) -> Result<RateLimitResponse, Status> {
-        let policies = self.policies.load();
         let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(request.descriptors.len());
         let mut headline: Option<(&Evaluated<'_>, Restriction)> = None;
-        for (index, descriptor) in request.descriptors.iter().enumerate() {
+        for (index, &unlimited) in unlimited.iter().enumerate() {
             let mine = evaluated.iter().filter(|e| e.applied.descriptor == index);
             let mut worst: Option<(&Evaluated<'_>, Restriction)> = None;
             for e in mine {
-                self.counters.record(policies.revision(), e);
-                if !e.applied.shadow
-                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_))
-                    && self.settings.failure_mode == FailureMode::GrpcUnavailable
-                {
+                self.counters.record(revision, e);
+                let fails_the_call = self.settings.failure_mode == FailureMode::GrpcUnavailable
+                    && !e.applied.shadow
+                    && !matches!(e.outcome, RateLimitOutcome::Evaluated(_));
+                if fails_the_call {
                     return Err(Status::unavailable(format!(
                         "rate limit backend outcome for policy {} is {} ({})",
                         e.applied.limit.policy.id(),
@@ -266,7 +319,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
                         e.outcome.cause()
                     )));
                 }
-                let r = Restriction::of(e);
+                let r = Restriction::of(&e.outcome);
                 if worst.as_ref().is_none_or(|(_, w)| r > *w) {
                     worst = Some((e, r));
                 }
@@ -278,13 +331,11 @@ impl<B: RateLimitPort> RateLimiter<B> {
                     }
                     descriptor_status(e)
                 }
-                None if self.is_unlimited(&policies, &request.domain, descriptor) => {
-                    DescriptorStatus {
-                        code: Code::Ok as i32,
-                        limit_remaining: u32::MAX,
-                        ..Default::default()
-                    }
-                }
+                None if unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                },
                 None => DescriptorStatus {
                     code: Code::Ok as i32,
                     ..Default::default()
@@ -302,24 +353,6 @@ impl<B: RateLimitPort> RateLimiter<B> {
             response_headers_to_add,
             ..Default::default()
         })
-    }
-
-    fn is_unlimited(
-        &self,
-        policies: &PolicySet,
-        domain: &str,
-        descriptor: &RateLimitDescriptor,
-    ) -> bool {
-        descriptor.limit.is_none()
-            && policies
-                .find(
-                    domain,
-                    descriptor
-                        .entries
-                        .iter()
-                        .map(|e| (e.key.as_str(), e.value.as_str())),
-                )
-                .is_some_and(|rule| rule.unlimited)
     }
 }
 
@@ -366,8 +399,8 @@ enum Restriction {
 }
 
 impl Restriction {
-    fn of(e: &Evaluated<'_>) -> Self {
-        match &e.outcome {
+    fn of(outcome: &RateLimitOutcome) -> Self {
+        match outcome {
             RateLimitOutcome::Evaluated(d) if d.allowed => Restriction::Allowed {
                 remaining_inverse: u64::MAX - d.remaining,
             },
@@ -490,7 +523,11 @@ fn decision_result(e: &Evaluated<'_>) -> usize {
     }
 }
 
-/// `edgelimit_decisions_total` handles per (policy, result), registered on first use.
+/// Slot of `edgelimit_near_limit_total` next to the decision results.
+const NEAR_LIMIT: usize = DECISION_RESULTS.len();
+
+/// `edgelimit_decisions_total` (per policy and result) and `edgelimit_near_limit_total` (per
+/// policy) handles, registered on first use.
 ///
 /// `counter!` with a label built at run time clones and hashes its whole key on every call
 /// (five allocations per decision with the Prometheus recorder); a cached handle costs one
@@ -505,17 +542,26 @@ struct DecisionCounters {
 #[derive(Default)]
 struct CounterCache {
     revision: Option<u64>,
-    counters: HashMap<PolicyId, [Option<metrics::Counter>; DECISION_RESULTS.len()]>,
+    counters: HashMap<PolicyId, [Option<metrics::Counter>; NEAR_LIMIT + 1]>,
 }
 
 impl DecisionCounters {
     fn record(&self, revision: u64, e: &Evaluated<'_>) {
         let policy = e.applied.limit.policy.id();
-        let result = decision_result(e);
+        // Near limit: allowed, with at most 20% of the limit left (`remaining * 5 <= limit`).
+        if let RateLimitOutcome::Evaluated(d) = &e.outcome {
+            if d.allowed && d.limit > 0 && d.remaining.saturating_mul(5) <= d.limit {
+                self.increment(revision, policy, NEAR_LIMIT);
+            }
+        }
+        self.increment(revision, policy, decision_result(e));
+    }
+
+    fn increment(&self, revision: u64, policy: &PolicyId, slot: usize) {
         {
             let cache = self.cache.read().unwrap_or_else(PoisonError::into_inner);
             if cache.revision == Some(revision) {
-                if let Some(counter) = cache.counters.get(policy).and_then(|c| c[result].as_ref()) {
+                if let Some(counter) = cache.counters.get(policy).and_then(|c| c[slot].as_ref()) {
                     counter.increment(1);
                     return;
                 }
@@ -526,13 +572,16 @@ impl DecisionCounters {
             cache.counters.clear();
             cache.revision = Some(revision);
         }
-        cache.counters.entry(policy.clone()).or_default()[result]
-            .get_or_insert_with(|| {
-                metrics::counter!(
+        cache.counters.entry(policy.clone()).or_default()[slot]
+            .get_or_insert_with(|| match DECISION_RESULTS.get(slot) {
+                Some(&result) => metrics::counter!(
                     "edgelimit_decisions_total",
                     "policy" => policy.to_string(),
-                    "result" => DECISION_RESULTS[result]
-                )
+                    "result" => result
+                ),
+                None => {
+                    metrics::counter!("edgelimit_near_limit_total", "policy" => policy.to_string())
+                }
             })
             .increment(1);
     }
@@ -575,8 +624,8 @@ mod tests {
     }
 
     impl Recorder {
-        fn value(&self, policy: &str, result: &str) -> u64 {
-            let name = format!("policy={policy},result={result}");
+        fn value(&self, name: &str, labels: &str) -> u64 {
+            let name = format!("{name}{{{labels}}}");
             self.counters
                 .lock()
                 .unwrap()
@@ -590,13 +639,13 @@ mod tests {
         fn describe_gauge(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
         fn describe_histogram(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
         fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            assert_eq!(key.name(), "edgelimit_decisions_total");
             self.registrations.fetch_add(1, Ordering::Relaxed);
-            let name = key
+            let labels = key
                 .labels()
                 .map(|l| format!("{}={}", l.key(), l.value()))
                 .collect::<Vec<_>>()
                 .join(",");
+            let name = format!("{}{{{labels}}}", key.name());
             let counter = self
                 .counters
                 .lock()
@@ -660,25 +709,35 @@ mod tests {
 
     #[test]
     fn decision_counters_register_once_per_policy_result_and_set() {
+        const DECISIONS: &str = "edgelimit_decisions_total";
+        const NEAR: &str = "edgelimit_near_limit_total";
         let recorder = Recorder::default();
         let counters = DecisionCounters::default();
         let (a, b) = (limit("d.a"), limit("d.b"));
+        let registrations = || recorder.registrations.load(Ordering::Relaxed);
         metrics::with_local_recorder(&recorder, || {
+            // Allowed with nothing left: a decision and a near-limit event each.
             for _ in 0..3 {
                 counters.record(7, &evaluated(&a, true, false));
             }
+            assert_eq!(registrations(), 2);
             counters.record(7, &evaluated(&a, false, false));
             counters.record(7, &evaluated(&a, false, true));
             counters.record(7, &evaluated(&b, true, false));
-            assert_eq!(recorder.registrations.load(Ordering::Relaxed), 4);
+            assert_eq!(registrations(), 6);
             // Another policy set: handles are taken again, counts keep adding up.
             counters.record(8, &evaluated(&a, true, false));
-            assert_eq!(recorder.registrations.load(Ordering::Relaxed), 5);
+            assert_eq!(registrations(), 8);
         });
-        assert_eq!(recorder.value("d.a", "allowed"), 4);
-        assert_eq!(recorder.value("d.a", "denied"), 1);
-        assert_eq!(recorder.value("d.a", "shadow_denied"), 1);
-        assert_eq!(recorder.value("d.b", "allowed"), 1);
-        assert_eq!(recorder.value("d.b", "denied"), 0);
+        assert_eq!(recorder.value(DECISIONS, "policy=d.a,result=allowed"), 4);
+        assert_eq!(recorder.value(NEAR, "policy=d.a"), 4);
+        assert_eq!(recorder.value(DECISIONS, "policy=d.a,result=denied"), 1);
+        assert_eq!(
+            recorder.value(DECISIONS, "policy=d.a,result=shadow_denied"),
+            1
+        );
+        assert_eq!(recorder.value(DECISIONS, "policy=d.b,result=allowed"), 1);
+        assert_eq!(recorder.value(NEAR, "policy=d.b"), 1);
+        assert_eq!(recorder.value(DECISIONS, "policy=d.b,result=denied"), 0);
     }
 }

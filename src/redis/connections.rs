@@ -1,10 +1,16 @@
 //! A fixed set of multiplexed connections, each kept alive by its own background task.
 //! Requests pipeline onto a shared connection instead of checking one out; a slot without a
 //! live connection fails fast (nothing was sent) while its task reconnects with back-off.
+//!
+//! A connection leaves its slot when a command on it fails at the transport level, or when a
+//! health check (`PING`, bounded by `health_check_timeout`) fails. Health checks run every
+//! `health_check_interval`, and at once after a command timed out on the connection, so a
+//! paused or half-open Redis (no RST, no FIN: SIGSTOP, a blackholing middlebox) is noticed
+//! within one health-check timeout of the first command that waited on it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Client};
@@ -12,15 +18,19 @@ use arc_swap::ArcSwapOption;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-/// One live connection. Identity (`Arc::ptr_eq`) tells generations apart, so an error from an
-/// old connection cannot tear down its replacement.
+/// One live connection. Its flags are per generation, so a report about an old connection
+/// can never tear down its replacement.
 pub struct Live {
     pub connection: MultiplexedConnection,
+    slot: usize,
+    broken: AtomicBool,
+    suspect: AtomicBool,
 }
 
 struct Slot {
     current: ArcSwapOption<Live>,
-    broken: Notify,
+    /// Wakes the slot's task: its connection was reported broken or suspect.
+    wake: Notify,
 }
 
 pub struct Connections {
@@ -34,8 +44,11 @@ pub struct ConnectionSettings {
     pub count: usize,
     pub connect_timeout: Duration,
     pub health_check_interval: Duration,
+    pub health_check_timeout: Duration,
     pub max_backoff: Duration,
 }
+
+const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 
 impl Connections {
     /// Starts the slots' tasks; connections come up in the background.
@@ -44,13 +57,21 @@ impl Connections {
             .map(|_| {
                 Arc::new(Slot {
                     current: ArcSwapOption::empty(),
-                    broken: Notify::new(),
+                    wake: Notify::new(),
                 })
             })
             .collect();
         let tasks = slots
             .iter()
-            .map(|slot| tokio::spawn(maintain(client.clone(), slot.clone(), settings.clone())))
+            .enumerate()
+            .map(|(index, slot)| {
+                tokio::spawn(maintain(
+                    client.clone(),
+                    index,
+                    slot.clone(),
+                    settings.clone(),
+                ))
+            })
             .collect();
         Self {
             slots,
@@ -59,12 +80,14 @@ impl Connections {
         }
     }
 
-    /// A live connection, round-robin; `None` if the chosen slot is down and no other is up.
+    /// A live connection, round-robin; `None` if no slot has one.
     pub fn pick(&self) -> Option<Arc<Live>> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         (0..self.slots.len()).find_map(|i| {
             let slot = &self.slots[(start + i) % self.slots.len()];
-            slot.current.load_full()
+            slot.current
+                .load_full()
+                .filter(|live| !live.broken.load(Ordering::Acquire))
         })
     }
 
@@ -75,14 +98,27 @@ impl Connections {
             .count()
     }
 
-    /// Reports `live` as broken; its slot reconnects unless it was already replaced.
+    /// Reports `live` as broken: it leaves its slot at once and the slot reconnects.
     pub fn mark_broken(&self, live: &Arc<Live>) {
-        for slot in &self.slots {
-            let current = slot.current.load();
-            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, live)) {
-                slot.current.store(None);
-                slot.broken.notify_one();
-            }
+        if live.broken.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(slot) = self.slots.get(live.slot) {
+            let _ = slot
+                .current
+                .compare_and_swap(&Some(live.clone()), None::<Arc<Live>>);
+            slot.wake.notify_one();
+        }
+    }
+
+    /// Reports that a command on `live` timed out: health-check it now rather than at the
+    /// next interval. A slow but working Redis keeps its connection.
+    pub fn suspect(&self, live: &Arc<Live>) {
+        if live.broken.load(Ordering::Acquire) || live.suspect.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(slot) = self.slots.get(live.slot) {
+            slot.wake.notify_one();
         }
     }
 }
@@ -95,27 +131,43 @@ impl Drop for Connections {
     }
 }
 
-async fn maintain(client: Client, slot: Arc<Slot>, settings: ConnectionSettings) {
+async fn maintain(client: Client, index: usize, slot: Arc<Slot>, settings: ConnectionSettings) {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(settings.connect_timeout))
         .set_response_timeout(None);
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = INITIAL_BACKOFF;
     loop {
         match client
             .get_multiplexed_async_connection_with_config(&config)
             .await
         {
             Ok(connection) => {
-                backoff = Duration::from_millis(50);
-                let live = Arc::new(Live { connection });
+                let live = Arc::new(Live {
+                    connection,
+                    slot: index,
+                    broken: AtomicBool::new(false),
+                    suspect: AtomicBool::new(false),
+                });
                 slot.current.store(Some(live.clone()));
-                tracing::info!("redis connection established");
-                supervise(&slot, &live, &settings).await;
-                slot.current.store(None);
-                tracing::warn!("redis connection lost; reconnecting");
+                let since = Instant::now();
+                tracing::info!(slot = index, "redis connection established");
+                let reason = supervise(&slot, &live, &settings).await;
+                live.broken.store(true, Ordering::Release);
+                let _ = slot
+                    .current
+                    .compare_and_swap(&Some(live.clone()), None::<Arc<Live>>);
+                tracing::warn!(slot = index, reason, "redis connection lost; reconnecting");
+                // A connection that dies young (Redis accepting and dropping, a proxy that
+                // resets) must not turn into a reconnect loop: back off as for a failed connect.
+                if since.elapsed() >= settings.health_check_interval {
+                    backoff = INITIAL_BACKOFF;
+                } else {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(settings.max_backoff);
+                }
             }
             Err(error) => {
-                tracing::warn!(%error, retry_in = ?backoff, "redis connection failed");
+                tracing::warn!(slot = index, %error, retry_in = ?backoff, "redis connection failed");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(settings.max_backoff);
             }
@@ -123,29 +175,39 @@ async fn maintain(client: Client, slot: Arc<Slot>, settings: ConnectionSettings)
     }
 }
 
-/// Returns when the connection is reported broken or stops answering health checks.
-async fn supervise(slot: &Slot, live: &Arc<Live>, settings: &ConnectionSettings) {
+/// Returns (with a reason for the log) when the connection was reported broken or failed a
+/// health check.
+async fn supervise(slot: &Slot, live: &Live, settings: &ConnectionSettings) -> &'static str {
     let mut interval = tokio::time::interval(settings.health_check_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await; // the first tick is immediate; the connection was just checked
     loop {
         tokio::select! {
-            _ = slot.broken.notified() => {
-                // A stale notification for an earlier generation is ignored.
-                if slot.current.load().as_ref().is_none_or(|c| Arc::ptr_eq(c, live)) {
-                    return;
+            _ = slot.wake.notified() => {
+                if live.broken.load(Ordering::Acquire) {
+                    return "command failed on the connection";
+                }
+                // A stale wake-up for an earlier generation finds no flag set: nothing to do.
+                if !live.suspect.swap(false, Ordering::AcqRel) {
+                    continue;
                 }
             }
-            _ = interval.tick() => {
-                let mut connection = live.connection.clone();
-                let ping = ::redis::cmd("PING");
-                let healthy = matches!(
-                    tokio::time::timeout(settings.connect_timeout, connection.send_packed_command(&ping)).await,
-                    Ok(Ok(_))
-                );
-                if !healthy {
-                    return;
-                }
-            }
+            _ = interval.tick() => {}
+        }
+        if live.broken.load(Ordering::Acquire) {
+            return "command failed on the connection";
+        }
+        if !healthy(live, settings.health_check_timeout).await {
+            return "health check failed";
         }
     }
+}
+
+async fn healthy(live: &Live, timeout: Duration) -> bool {
+    let mut connection = live.connection.clone();
+    let ping = ::redis::cmd("PING");
+    matches!(
+        tokio::time::timeout(timeout, connection.send_packed_command(&ping)).await,
+        Ok(Ok(::redis::Value::SimpleString(ref s))) if s == "PONG"
+    )
 }

@@ -52,11 +52,6 @@ impl Default for KeyBuilder {
     }
 }
 
-/// Revision as written to ARGV[3] and the `r` field: fixed-width hex, exact for any u64.
-pub fn revision_arg(revision: u64) -> String {
-    format!("{revision:016x}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,11 +93,5 @@ mod tests {
         };
         assert_ne!(base, keys.state_key(&policy(1, sliding), &s1));
         assert_eq!(base, keys.state_key(&policy(1, FW), &s1), "deterministic");
-    }
-
-    #[test]
-    fn revision_arg_is_fixed_width() {
-        assert_eq!(revision_arg(1), "0000000000000001");
-        assert_eq!(revision_arg(u64::MAX), "ffffffffffffffff");
     }
 }

@@ -17,14 +17,20 @@ use crate::contract::{
     RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
 };
 
-pub use classify::{classify, Failure};
+pub use classify::{breaks_connection, classify, Failure};
 pub use connections::ConnectionSettings;
-pub use keys::{revision_arg, KeyBuilder};
+pub use keys::KeyBuilder;
 pub use programs::invocation;
-pub use programs::{Program, Programs};
+pub use programs::{program_args, program_source, Program, Programs};
 pub use reply::{parse as parse_reply, ReplyError};
 
 use connections::Connections;
+
+/// How often an idle connection is PINGed (and at once after a command timed out on it).
+pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest pause between reconnect attempts: Redis is used again at most this long (plus one
+/// connect) after it is back.
+pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
@@ -60,6 +66,50 @@ impl Default for RedisSettings {
 pub enum RedisSetupError {
     #[error("invalid Redis URL: {0}")]
     Url(#[source] ::redis::RedisError),
+    #[error("redis.{name} = {value:?} is outside {min:?}..={max:?}")]
+    OutOfRange {
+        name: &'static str,
+        value: Duration,
+        min: Duration,
+        max: Duration,
+    },
+    #[error("redis.{name} must be at least 1")]
+    Zero { name: &'static str },
+}
+
+impl RedisSettings {
+    /// Bounds for `retry_after`: what a denied client is told to wait while Redis cannot decide.
+    pub const RETRY_AFTER_RANGE: (Duration, Duration) =
+        (Duration::from_millis(100), Duration::from_secs(3600));
+    /// Bounds for `command_timeout` and `connect_timeout`.
+    pub const TIMEOUT_RANGE: (Duration, Duration) =
+        (Duration::from_millis(1), Duration::from_secs(60));
+
+    pub fn validate(&self) -> Result<(), RedisSetupError> {
+        for (name, value, (min, max)) in [
+            ("retry_after", self.retry_after, Self::RETRY_AFTER_RANGE),
+            ("command_timeout", self.command_timeout, Self::TIMEOUT_RANGE),
+            ("connect_timeout", self.connect_timeout, Self::TIMEOUT_RANGE),
+        ] {
+            if value < min || value > max {
+                return Err(RedisSetupError::OutOfRange {
+                    name,
+                    value,
+                    min,
+                    max,
+                });
+            }
+        }
+        for (name, value) in [
+            ("connections", self.connections),
+            ("max_in_flight", self.max_in_flight),
+        ] {
+            if value == 0 {
+                return Err(RedisSetupError::Zero { name });
+            }
+        }
+        Ok(())
+    }
 }
 
 pub struct RedisBackend {
@@ -74,14 +124,16 @@ impl RedisBackend {
     /// Validates the settings and starts connecting in the background; evaluations before the
     /// first connection is up are `Unavailable`.
     pub fn start(settings: RedisSettings) -> Result<Self, RedisSetupError> {
+        settings.validate()?;
         let client = ::redis::Client::open(settings.url.as_str()).map_err(RedisSetupError::Url)?;
         let connections = Connections::start(
             client,
             ConnectionSettings {
                 count: settings.connections,
                 connect_timeout: settings.connect_timeout,
-                health_check_interval: Duration::from_secs(1),
-                max_backoff: Duration::from_secs(2),
+                health_check_interval: HEALTH_CHECK_INTERVAL,
+                health_check_timeout: settings.connect_timeout,
+                max_backoff: MAX_RECONNECT_BACKOFF,
             },
         );
         Ok(Self {
@@ -118,33 +170,27 @@ impl RedisBackend {
     }
 
     fn unavailable(&self, policy: &RateLimitPolicy, cause: UnavailableCause) -> RateLimitOutcome {
-        metrics::counter!("edgelimit_backend_failures_total", "category" => "unavailable", "cause" => cause.as_str()).increment(1);
-        RateLimitOutcome::Unavailable {
-            policy_id: policy.id().clone(),
-            retry_after: self.settings.retry_after,
-            cause,
-        }
+        self.failure(policy, Failure::Unavailable(cause))
     }
 
     fn failure(&self, policy: &RateLimitPolicy, failure: Failure) -> RateLimitOutcome {
-        match failure {
-            Failure::Unavailable(cause) => self.unavailable(policy, cause),
-            Failure::Indeterminate(cause) => {
-                metrics::counter!("edgelimit_backend_failures_total", "category" => "indeterminate", "cause" => cause.as_str()).increment(1);
-                RateLimitOutcome::Indeterminate {
-                    policy_id: policy.id().clone(),
-                    retry_after: self.settings.retry_after,
-                    cause,
-                }
-            }
-            Failure::Incompatible(cause) => {
-                metrics::counter!("edgelimit_backend_failures_total", "category" => "incompatible", "cause" => cause.as_str()).increment(1);
-                RateLimitOutcome::Incompatible {
-                    policy_id: policy.id().clone(),
-                    cause,
-                }
-            }
-        }
+        let outcome = match failure {
+            Failure::Unavailable(cause) => RateLimitOutcome::Unavailable {
+                policy_id: policy.id().clone(),
+                retry_after: self.settings.retry_after,
+                cause,
+            },
+            Failure::Indeterminate(cause) => RateLimitOutcome::Indeterminate {
+                policy_id: policy.id().clone(),
+                retry_after: self.settings.retry_after,
+                cause,
+            },
+            Failure::Incompatible(cause) => RateLimitOutcome::Incompatible {
+                policy_id: policy.id().clone(),
+                cause,
+            },
+        };
+        counted(outcome)
     }
 
     async fn run(
@@ -153,6 +199,7 @@ impl RedisBackend {
         request: &RateLimitRequest,
         deadline: Instant,
     ) -> RateLimitOutcome {
+        // No live connection: nothing is sent, so nothing can have changed.
         let Some(live) = self.connections.pick() else {
             return self.unavailable(policy, UnavailableCause::ConnectFailed);
         };
@@ -163,13 +210,19 @@ impl RedisBackend {
         let mut sent_source = false;
         let result = loop {
             let cmd = programs::invocation(program, sent_source, &key, policy, request);
-            // Server error replies arrive as values; `extract_error` makes them errors.
+            // Server error replies arrive as values; `extract_error` makes them errors. The
+            // EVALSHA and the one resend share the command deadline.
             let sent = tokio::time::timeout_at(deadline.into(), async {
                 connection.send_packed_command(&cmd).await?.extract_error()
             })
             .await;
             match sent {
-                Err(_) => break Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
+                Err(_) => {
+                    // The command may sit in Redis's input buffer and run later: uncertain.
+                    // A paused or half-open server is found by an immediate health check.
+                    self.connections.suspect(&live);
+                    break Err(Failure::Indeterminate(IndeterminateCause::Timeout));
+                }
                 Ok(Ok(value)) => break Ok(value),
                 // Scripts are not replicated (Redis 7+) and vanish on restart or SCRIPT FLUSH:
                 // resend the exact source once. NOSCRIPT proves nothing ran.
@@ -183,7 +236,7 @@ impl RedisBackend {
                 }
                 Ok(Err(error)) => {
                     let failure = classify(&error);
-                    if failure.breaks_connection() {
+                    if breaks_connection(&error) {
                         self.connections.mark_broken(&live);
                     }
                     tracing::debug!(%error, ?failure, "redis command failed");
@@ -196,12 +249,14 @@ impl RedisBackend {
         match result {
             Err(failure) => self.failure(policy, failure),
             Ok(value) => match reply::parse(&value, policy) {
-                Ok(reply) => outcome_from_reply(
+                // Program statuses that are not decisions (CLOCK_UNSAFE, STATE_INCOMPATIBLE,
+                // INVALID) are counted like any other failure.
+                Ok(reply) => counted(outcome_from_reply(
                     &reply,
                     policy,
                     DecisionSource::GlobalRedis,
                     self.settings.retry_after,
-                ),
+                )),
                 Err(error) => {
                     tracing::warn!(%error, policy = %policy.id(), ?value, "incompatible program reply");
                     self.failure(
@@ -212,6 +267,20 @@ impl RedisBackend {
             },
         }
     }
+}
+
+/// Counts an outcome that is not a decision under `edgelimit_backend_failures_total`
+/// {category, cause}; decisions pass through uncounted (the service counts those).
+fn counted(outcome: RateLimitOutcome) -> RateLimitOutcome {
+    if !matches!(outcome, RateLimitOutcome::Evaluated(_)) {
+        metrics::counter!(
+            "edgelimit_backend_failures_total",
+            "category" => outcome.category(),
+            "cause" => outcome.cause()
+        )
+        .increment(1);
+    }
+    outcome
 }
 
 impl RateLimitPort for RedisBackend {

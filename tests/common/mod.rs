@@ -1,5 +1,7 @@
 //! Shared harness for end-to-end tests against real processes.
 #![allow(dead_code)]
 
+pub mod fault_load;
 pub mod redis_server;
 pub mod server;
+pub mod tcp_proxy;

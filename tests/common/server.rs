@@ -31,6 +31,13 @@ pub struct ServerOptions {
     pub redis_url: Option<String>,
     pub policies: Vec<(String, String)>,
     pub extra: String,
+    /// Lay the policies out as a Kubernetes ConfigMap volume (`..data` symlink).
+    pub configmap: bool,
+    /// HMAC secret (default `TEST_SECRET`) and, during a rotation, the previous one.
+    pub secret: String,
+    pub previous_secret: Option<String>,
+    /// Settings under `redis:` (`command_timeout`, ...); replace the defaults of the same name.
+    pub redis_settings: Vec<(String, String)>,
 }
 
 impl ServerOptions {
@@ -42,7 +49,27 @@ impl ServerOptions {
                 .map(|(n, t)| (n.to_string(), t.to_string()))
                 .collect(),
             extra: String::new(),
+            configmap: false,
+            secret: TEST_SECRET.to_owned(),
+            previous_secret: None,
+            redis_settings: vec![
+                ("command_timeout".into(), "2s".into()),
+                ("connect_timeout".into(), "500ms".into()),
+            ],
         }
+    }
+
+    pub fn secrets(mut self, current: &str, previous: Option<&str>) -> Self {
+        self.secret = current.to_owned();
+        self.previous_secret = previous.map(str::to_owned);
+        self
+    }
+
+    /// Sets one `redis:` setting, e.g. `.redis_setting("command_timeout", "300ms")`.
+    pub fn redis_setting(mut self, name: &str, value: &str) -> Self {
+        self.redis_settings.retain(|(n, _)| n != name);
+        self.redis_settings.push((name.into(), value.into()));
+        self
     }
 
     pub fn memory(policies: &[(&str, &str)]) -> Self {
@@ -50,6 +77,11 @@ impl ServerOptions {
             redis_url: None,
             ..Self::redis("", policies)
         }
+    }
+
+    pub fn configmap(mut self) -> Self {
+        self.configmap = true;
+        self
     }
 
     pub fn extra(mut self, yaml: &str) -> Self {
@@ -64,11 +96,15 @@ impl EdgelimitServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let policy_dir = dir.path().join("policies");
         std::fs::create_dir(&policy_dir).expect("policy dir");
-        for (name, text) in &options.policies {
-            std::fs::write(policy_dir.join(name), text).expect("write policy");
+        if options.configmap {
+            configmap_publish(&policy_dir, &options.policies, 0);
+        } else {
+            for (name, text) in &options.policies {
+                std::fs::write(policy_dir.join(name), text).expect("write policy");
+            }
         }
         let secret = dir.path().join("secret");
-        std::fs::write(&secret, TEST_SECRET).expect("write secret");
+        std::fs::write(&secret, &options.secret).expect("write secret");
         let grpc_port = free_port();
         let admin_port = free_port();
         let mut yaml = format!(
@@ -76,10 +112,16 @@ impl EdgelimitServer {
             policy_dir.display(),
             secret.display()
         );
+        if let Some(previous) = &options.previous_secret {
+            let path = dir.path().join("previous-secret");
+            std::fs::write(&path, previous).expect("write previous secret");
+            yaml.push_str(&format!("  previous_file: {}\n", path.display()));
+        }
         if let Some(url) = &options.redis_url {
-            yaml.push_str(&format!(
-                "redis:\n  url: {url}\n  command_timeout: 2s\n  connect_timeout: 500ms\n"
-            ));
+            yaml.push_str(&format!("redis:\n  url: {url}\n"));
+            for (name, value) in &options.redis_settings {
+                yaml.push_str(&format!("  {name}: {value}\n"));
+            }
         }
         yaml.push_str(&options.extra);
         let config = dir.path().join("edgelimit.yaml");
@@ -137,6 +179,48 @@ impl EdgelimitServer {
         f.write_all(text.as_bytes()).expect("write policy");
         f.sync_all().ok();
         std::fs::rename(&tmp, self.policy_dir.join(name)).expect("rename policy");
+    }
+
+    /// Publishes a new ConfigMap generation: a fresh `..<n>` directory, then an atomic
+    /// rename of `..data_tmp` over `..data`, as the kubelet does.
+    pub fn configmap_swap(&self, policies: &[(&str, &str)], generation: u32) {
+        let owned: Vec<(String, String)> = policies
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect();
+        configmap_publish(&self.policy_dir, &owned, generation);
+    }
+
+    /// `GET path` on the admin listener: (status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin_port, path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// The admin `/metrics` text.
+    pub fn metrics(&self) -> String {
+        let (status, body) = self.admin_get("/metrics");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Sends a signal (`-HUP`, `-TERM`, ...) to the server process.
+    pub fn signal(&self, sig: &str) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+        }
+    }
+
+    /// Waits for the process to exit by itself, at most `bound`.
+    pub fn wait_exit(&mut self, bound: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + bound;
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
@@ -210,3 +294,83 @@ pub async fn call(
 
 pub const OK: i32 = 1;
 pub const OVER_LIMIT: i32 = 2;
+
+fn configmap_publish(policy_dir: &Path, policies: &[(String, String)], generation: u32) {
+    use std::os::unix::fs::symlink;
+    let data_dir = format!("..2026_01_01_00_00_{generation:02}.000000001");
+    std::fs::create_dir(policy_dir.join(&data_dir)).expect("configmap generation dir");
+    for (name, text) in policies {
+        std::fs::write(policy_dir.join(&data_dir).join(name), text).expect("write policy");
+    }
+    let tmp = policy_dir.join("..data_tmp");
+    symlink(&data_dir, &tmp).expect("..data_tmp symlink");
+    std::fs::rename(&tmp, policy_dir.join("..data")).expect("swap ..data");
+    for (name, _) in policies {
+        let link = policy_dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            symlink(format!("..data/{name}"), &link).expect("key symlink");
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET (Connection: close) so tests need no HTTP client crate.
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::Read;
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad response: {response}")))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Sum of the samples of `name` whose labels include every `labels` pair.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (series_name, series_labels) = match series.split_once('{') {
+            Some((n, l)) => (n, l),
+            None => (series, ""),
+        };
+        if series_name != name {
+            continue;
+        }
+        if labels
+            .iter()
+            .all(|(k, v)| series_labels.contains(&format!("{k}=\"{v}\"")))
+        {
+            let v: f64 = value.parse().ok()?;
+            found = Some(found.unwrap_or(0.0) + v);
+        }
+    }
+    found
+}
+
+/// Polls `check` every 50 ms until it returns true, at most `bound`; returns whether it did.
+pub fn wait_until(bound: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,329 @@
+//! Embedded backend: the same three algorithms as the Redis programs ([`crate::algorithm`]),
+//! with state in this process. Limits are therefore local to one replica.
+//!
+//! - State is keyed by (policy id, policy revision, subject digest); a new revision starts
+//!   fresh and the old state expires.
+//! - The clock is the Unix time captured once at start plus a monotonic [`Instant`] offset,
+//!   so it never goes backwards (clock regression cannot happen here).
+//! - Every write carries the algorithm's TTL; an entry past it is treated exactly like an
+//!   absent key and is evicted by incremental sweeps.
+//! - At most [`MemoryConfig::max_subjects`] states are tracked. When the cap is reached and
+//!   nothing has expired, a request that would create state for a new subject fails closed
+//!   (`Unavailable` / `CapacityExhausted`); subjects already tracked keep working.
+
+mod store;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::algorithm::{self, ProgramReply, Status, Stored};
+use crate::contract::{
+    Algorithm, BackendReadiness, Certainty, DecisionSource, IncompatibleCause, RateLimitDecision,
+    RateLimitOutcome, RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
+};
+use store::{Entry, Key, Store};
+
+/// Settings of the embedded backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Most (policy, revision, subject) states kept at once; bounds memory (roughly 150 bytes
+    /// per state). When reached, expired states are evicted first; if none, a new subject is
+    /// refused with `CapacityExhausted` rather than allowed. Default 1,000,000.
+    pub max_subjects: usize,
+    /// `retry_after` reported with `Unavailable` outcomes (capacity exhausted, unsafe clock).
+    /// Default 1 s.
+    pub retry_after: Duration,
+}
+
+impl MemoryConfig {
+    pub const DEFAULT_MAX_SUBJECTS: usize = 1_000_000;
+    pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            max_subjects: Self::DEFAULT_MAX_SUBJECTS,
+            retry_after: Self::DEFAULT_RETRY_AFTER,
+        }
+    }
+}
+
+/// Wall-clock milliseconds that never go backwards: Unix time read once, then a monotonic
+/// offset.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    unix_at_start_ms: u64,
+    start: Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Self {
+            unix_at_start_ms: u64::try_from(unix.as_millis()).unwrap_or(u64::MAX),
+            start: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        let offset = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.unix_at_start_ms.saturating_add(offset)
+    }
+}
+
+/// The in-process [`RateLimitPort`].
+#[derive(Debug)]
+pub struct MemoryBackend {
+    config: MemoryConfig,
+    clock: Clock,
+    store: Store,
+    capacity_rejections: AtomicU64,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new(MemoryConfig::default())
+    }
+}
+
+impl MemoryBackend {
+    pub fn new(config: MemoryConfig) -> Self {
+        Self {
+            store: Store::new(config.max_subjects),
+            config,
+            clock: Clock::new(),
+            capacity_rejections: AtomicU64::new(0),
+        }
+    }
+
+    pub fn config(&self) -> &MemoryConfig {
+        &self.config
+    }
+
+    /// How many new subjects were refused because the cap was reached (for metrics).
+    pub fn capacity_rejections(&self) -> u64 {
+        self.capacity_rejections.load(Ordering::Relaxed)
+    }
+
+    /// States currently held, including expired ones not swept yet.
+    pub fn tracked_subjects(&self) -> usize {
+        self.store.tracked()
+    }
+
+    /// Evicts every expired state now; returns how many. Optional: evaluations sweep
+    /// incrementally by themselves.
+    pub fn sweep_expired(&self) -> usize {
+        self.store.sweep_others(self.clock.now_ms(), None)
+    }
+
+    /// The port's evaluation, synchronously (it never waits on anything but a shard lock).
+    pub fn decide(&self, policy: &RateLimitPolicy, request: &RateLimitRequest) -> RateLimitOutcome {
+        if request.check_policy(policy).is_err() {
+            return RateLimitOutcome::Incompatible {
+                policy_id: policy.id().clone(),
+                cause: IncompatibleCause::PolicyMismatch,
+            };
+        }
+        let cost = request.cost().units();
+        let index = Store::shard_of(request.subject());
+        let key = Key {
+            policy: policy.id().clone(),
+            revision: policy.revision(),
+            subject: *request.subject(),
+        };
+        // The second attempt follows a sweep of the other shards when the cap was reached.
+        for attempt in 0..2 {
+            let mut locked = self.store.lock(index);
+            // Read under the lock: evaluations of one shard then see non-decreasing times,
+            // so a request that waited for the lock never looks like clock regression.
+            let now = self.clock.now_ms();
+            locked.maybe_sweep(now);
+            if let Some(entry) = locked.shard.map.get_mut(&key) {
+                let e = algorithm::evaluate(policy, entry.live(now).into(), now, cost);
+                if let Some(w) = e.write {
+                    entry.state = w.state;
+                    entry.expires_at_ms = now.saturating_add(w.ttl_ms);
+                    let expires = entry.expires_at_ms;
+                    locked.note_expiry(expires);
+                }
+                return self.outcome(policy, e.reply);
+            }
+            let e = algorithm::evaluate(policy, Stored::Absent, now, cost);
+            let Some(w) = e.write else {
+                return self.outcome(policy, e.reply);
+            };
+            let entry = Entry {
+                state: w.state,
+                expires_at_ms: now.saturating_add(w.ttl_ms),
+            };
+            if locked.insert_new(key.clone(), entry, now) {
+                return self.outcome(policy, e.reply);
+            }
+            drop(locked);
+            if attempt > 0 || self.store.sweep_others(now, Some(index)) == 0 {
+                break;
+            }
+        }
+        self.capacity_rejections.fetch_add(1, Ordering::Relaxed);
+        RateLimitOutcome::Unavailable {
+            policy_id: policy.id().clone(),
+            retry_after: self.config.retry_after,
+            cause: UnavailableCause::CapacityExhausted,
+        }
+    }
+
+    fn outcome(&self, policy: &RateLimitPolicy, reply: ProgramReply) -> RateLimitOutcome {
+        let policy_id = policy.id().clone();
+        match reply.status {
+            Status::Allowed | Status::Denied => RateLimitOutcome::Evaluated(RateLimitDecision {
+                allowed: reply.status == Status::Allowed,
+                limit: reply.limit,
+                remaining: reply.remaining,
+                retry_after: Duration::from_millis(reply.retry_after_ms),
+                reset_at_ms: reply.reset_at_ms,
+                decided_at_ms: reply.effective_now_ms,
+                policy_id,
+                policy_revision: policy.revision(),
+                source: DecisionSource::LocalMemory,
+                certainty: match policy.algorithm() {
+                    Algorithm::SlidingWindow => Certainty::ApproximateAlgorithm,
+                    Algorithm::FixedWindow | Algorithm::TokenBucket => Certainty::Certain,
+                },
+            }),
+            Status::ClockUnsafe => RateLimitOutcome::Unavailable {
+                policy_id,
+                retry_after: self.config.retry_after,
+                cause: UnavailableCause::ClockUnsafe,
+            },
+            Status::StateIncompatible => RateLimitOutcome::Incompatible {
+                policy_id,
+                cause: IncompatibleCause::StateIncompatible,
+            },
+            Status::Invalid => RateLimitOutcome::Incompatible {
+                policy_id,
+                cause: IncompatibleCause::InvalidArguments,
+            },
+        }
+    }
+}
+
+impl RateLimitPort for MemoryBackend {
+    fn evaluate(
+        &self,
+        policy: &RateLimitPolicy,
+        request: &RateLimitRequest,
+    ) -> impl std::future::Future<Output = RateLimitOutcome> + Send {
+        // Nothing to wait for: decide now, hand back a ready future.
+        std::future::ready(self.decide(policy, request))
+    }
+
+    fn readiness(&self) -> impl std::future::Future<Output = BackendReadiness> + Send {
+        std::future::ready(BackendReadiness::Ready)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "memory (in-process; limits are local to this process, not shared between replicas; \
+             at most {} subjects)",
+            self.config.max_subjects
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{AlgorithmParams, Cost, PolicyId, SubjectDigest};
+
+    fn policy(params: AlgorithmParams, revision: u64) -> RateLimitPolicy {
+        RateLimitPolicy::new(PolicyId::new("mem").unwrap(), revision, params, 100, 0, 0).unwrap()
+    }
+
+    fn request(p: &RateLimitPolicy, subject: u8, cost: u64) -> RateLimitRequest {
+        let cost = if cost == 0 {
+            Cost::Peek
+        } else {
+            Cost::consume(cost).unwrap()
+        };
+        RateLimitRequest::new(
+            p,
+            SubjectDigest::from_bytes([subject; 32]),
+            cost,
+            None,
+            Instant::now() + Duration::from_secs(5),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn clock_is_unix_ms_and_monotonic() {
+        let c = Clock::new();
+        let a = c.now_ms();
+        assert!(a > 1_600_000_000_000);
+        assert!(c.now_ms() >= a);
+    }
+
+    #[test]
+    fn a_new_revision_starts_fresh() {
+        let params = AlgorithmParams::FixedWindow {
+            limit: 1,
+            window_ms: 3_600_000,
+        };
+        let m = MemoryBackend::default();
+        let (r1, r2) = (policy(params, 1), policy(params, 2));
+        assert!(m.decide(&r1, &request(&r1, 1, 1)).is_allowed());
+        assert!(!m.decide(&r1, &request(&r1, 1, 1)).is_allowed());
+        assert!(m.decide(&r2, &request(&r2, 1, 1)).is_allowed());
+        assert_eq!(m.tracked_subjects(), 2);
+    }
+
+    #[test]
+    fn another_algorithm_under_the_same_revision_fails_closed() {
+        let m = MemoryBackend::default();
+        let fixed = policy(
+            AlgorithmParams::FixedWindow {
+                limit: 5,
+                window_ms: 3_600_000,
+            },
+            1,
+        );
+        let bucket = policy(
+            AlgorithmParams::TokenBucket {
+                capacity: 5,
+                refill_tokens: 1,
+                refill_period_ms: 1000,
+            },
+            1,
+        );
+        assert!(m.decide(&fixed, &request(&fixed, 3, 1)).is_allowed());
+        assert_eq!(
+            m.decide(&bucket, &request(&bucket, 3, 1)),
+            RateLimitOutcome::Incompatible {
+                policy_id: bucket.id().clone(),
+                cause: IncompatibleCause::StateIncompatible,
+            }
+        );
+    }
+
+    #[test]
+    fn sweep_reclaims_expired_states() {
+        let m = MemoryBackend::default();
+        let p = policy(
+            AlgorithmParams::FixedWindow {
+                limit: 5,
+                window_ms: 1,
+            },
+            1,
+        );
+        for s in 0..50 {
+            assert!(m.decide(&p, &request(&p, s, 1)).is_allowed());
+        }
+        assert_eq!(m.tracked_subjects(), 50);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(m.sweep_expired(), 50);
+        assert_eq!(m.tracked_subjects(), 0);
+    }
+}

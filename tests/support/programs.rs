@@ -1,0 +1,232 @@
+//! Runs the Lua programs in a private Redis and checks each run against the Rust functions:
+//! same reply, same stored state, a TTL after every write, nothing touched otherwise.
+#![allow(dead_code)]
+
+use edgelimit::algorithm::{self, Evaluation, ProgramReply, State, Status, Stored};
+use edgelimit::contract::RateLimitPolicy;
+use redis::{Connection, Script, Value};
+
+/// Time a PTTL read may lag the program run (a loaded two-core machine).
+const TTL_SLACK_MS: u64 = 500;
+
+pub fn connect(url: &str) -> Connection {
+    redis::Client::open(url).unwrap().get_connection().unwrap()
+}
+
+/// The programs, loaded once per connection (EVALSHA, NOSCRIPT falls back to the source).
+pub struct Programs {
+    pub con: Connection,
+    fixed: Script,
+    sliding: Script,
+    bucket: Script,
+}
+
+/// What a key held before a run, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Before {
+    Absent,
+    Present(State),
+    Incompatible,
+}
+
+impl Before {
+    pub fn stored(&self) -> Stored<'_, State> {
+        match self {
+            Before::Absent => Stored::Absent,
+            Before::Present(s) => Stored::Present(s),
+            Before::Incompatible => Stored::Incompatible,
+        }
+    }
+}
+
+pub fn parse_reply(v: Value) -> ProgramReply {
+    let Value::Array(items) = v else {
+        panic!("reply is not an array: {v:?}")
+    };
+    assert_eq!(items.len(), 7, "seven fields: {items:?}");
+    let status = match &items[0] {
+        Value::BulkString(b) => Status::parse(b),
+        Value::SimpleString(s) => Status::parse(s.as_bytes()),
+        other => panic!("status {other:?}"),
+    }
+    .expect("known status");
+    let n = |i: usize| match items[i] {
+        Value::Int(n) => u64::try_from(n).expect("non-negative"),
+        ref other => panic!("field {i} is not an integer: {other:?}"),
+    };
+    ProgramReply {
+        status,
+        server_now_ms: n(1),
+        effective_now_ms: n(2),
+        limit: n(3),
+        remaining: n(4),
+        retry_after_ms: n(5),
+        reset_at_ms: n(6),
+    }
+}
+
+impl Programs {
+    pub fn new(url: &str) -> Self {
+        use edgelimit::contract::Algorithm::*;
+        Self {
+            con: connect(url),
+            fixed: Script::new(edgelimit::redis::program_source(FixedWindow)),
+            sliding: Script::new(edgelimit::redis::program_source(SlidingWindow)),
+            bucket: Script::new(edgelimit::redis::program_source(TokenBucket)),
+        }
+    }
+
+    /// Runs a program with raw ARGV.
+    pub fn run_raw(
+        &mut self,
+        algorithm: edgelimit::contract::Algorithm,
+        key: &str,
+        args: &[String],
+    ) -> ProgramReply {
+        use edgelimit::contract::Algorithm::*;
+        // field by field, so the script and the connection are borrowed separately
+        let script = match algorithm {
+            FixedWindow => &self.fixed,
+            SlidingWindow => &self.sliding,
+            TokenBucket => &self.bucket,
+        };
+        let mut inv = script.key(key);
+        for a in args {
+            inv.arg(a);
+        }
+        parse_reply(inv.invoke::<Value>(&mut self.con).unwrap())
+    }
+
+    pub fn run(&mut self, policy: &RateLimitPolicy, key: &str, cost: u64) -> ProgramReply {
+        let args = edgelimit::redis::program_args(policy, cost);
+        self.run_raw(policy.algorithm(), key, &args)
+    }
+
+    pub fn cmd<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> T {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut self.con).unwrap()
+    }
+
+    pub fn key_type(&mut self, key: &str) -> String {
+        self.cmd(&["TYPE", key])
+    }
+
+    pub fn hash(&mut self, key: &str) -> Vec<(String, String)> {
+        let mut h: Vec<(String, String)> = self.cmd(&["HGETALL", key]);
+        h.sort();
+        h
+    }
+
+    pub fn dump(&mut self, key: &str) -> Option<Vec<u8>> {
+        self.cmd(&["DUMP", key])
+    }
+
+    /// Absolute expiry in Unix ms (-1 none, -2 no key).
+    pub fn expire_time(&mut self, key: &str) -> i64 {
+        self.cmd(&["PEXPIRETIME", key])
+    }
+
+    pub fn pttl(&mut self, key: &str) -> i64 {
+        self.cmd(&["PTTL", key])
+    }
+
+    pub fn server_time_ms(&mut self) -> u64 {
+        let (s, us): (u64, u64) = self.cmd(&["TIME"]);
+        s * 1000 + us / 1000
+    }
+
+    /// Replaces the key with exactly the hash a program would write for `state`.
+    pub fn put_state(&mut self, policy: &RateLimitPolicy, key: &str, state: &State, ttl_ms: u64) {
+        self.put_fields(key, &state.to_hash(policy), ttl_ms);
+    }
+
+    pub fn put_fields<V: AsRef<str>>(&mut self, key: &str, fields: &[(&str, V)], ttl_ms: u64) {
+        let _: () = self.cmd(&["DEL", key]);
+        let mut c = redis::cmd("HSET");
+        c.arg(key);
+        for (k, v) in fields {
+            c.arg(*k).arg(v.as_ref());
+        }
+        let _: () = c.query(&mut self.con).unwrap();
+        let _: () = self.cmd(&["PEXPIRE", key, &ttl_ms.to_string()]);
+    }
+
+    /// How the program classifies the key, read the Rust way (TYPE + HGETALL + from_hash).
+    pub fn before(&mut self, policy: &RateLimitPolicy, key: &str) -> Before {
+        match self.key_type(key).as_str() {
+            "none" => Before::Absent,
+            "hash" => match State::from_hash(policy, &self.hash(key)) {
+                Ok(s) => Before::Present(s),
+                Err(_) => Before::Incompatible,
+            },
+            _ => Before::Incompatible,
+        }
+    }
+
+    /// One differential step: runs the program, evaluates the Rust function on the same
+    /// stored state at the program's server time, and asserts identical replies and state.
+    pub fn step(
+        &mut self,
+        policy: &RateLimitPolicy,
+        key: &str,
+        cost: u64,
+    ) -> (ProgramReply, Evaluation) {
+        let before = self.before(policy, key);
+        let dump_before = self.dump(key);
+        let expiry_before = self.expire_time(key);
+        let hash_before = match self.key_type(key).as_str() {
+            "hash" => self.hash(key),
+            _ => Vec::new(),
+        };
+
+        let reply = self.run(policy, key, cost);
+        let rust = algorithm::evaluate(policy, before.stored(), reply.server_now_ms, cost);
+        assert_eq!(
+            reply, rust.reply,
+            "Lua vs Rust reply, cost {cost}, before {before:?}, policy {policy:?}"
+        );
+        match rust.write {
+            Some(w) => {
+                let mut expected: Vec<(String, String)> = w
+                    .state
+                    .to_hash(policy)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect();
+                // Fields the program does not know survive HSET.
+                for (k, v) in &hash_before {
+                    if !expected.iter().any(|(e, _)| e == k) {
+                        expected.push((k.clone(), v.clone()));
+                    }
+                }
+                expected.sort();
+                assert_eq!(self.key_type(key), "hash");
+                assert_eq!(
+                    self.hash(key),
+                    expected,
+                    "stored state after cost {cost}, before {before:?}"
+                );
+                let pttl = self.pttl(key);
+                assert!(w.ttl_ms >= 1);
+                assert!(
+                    pttl > 0 && pttl as u64 <= w.ttl_ms && pttl as u64 + TTL_SLACK_MS >= w.ttl_ms,
+                    "PTTL {pttl} vs Rust TTL {}",
+                    w.ttl_ms
+                );
+            }
+            None => {
+                assert_eq!(
+                    self.dump(key),
+                    dump_before,
+                    "nothing written (cost {cost}, {:?})",
+                    reply.status
+                );
+                assert_eq!(self.expire_time(key), expiry_before, "TTL untouched");
+            }
+        }
+        (reply, rust)
+    }
+}
