@@ -9,6 +9,8 @@ use sha2::{Digest, Sha256};
 
 use crate::contract::{RateLimitPolicy, SubjectDigest};
 
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
 #[derive(Debug, Clone)]
 pub struct KeyBuilder {
     prefix: String,
@@ -40,7 +42,10 @@ impl KeyBuilder {
         key.push_str("rate:");
         key.push_str(policy.id().as_str());
         key.push_str(":state:{");
-        key.push_str(&hex::encode(&digest[..16]));
+        for byte in &digest[..16] {
+            key.push(char::from(HEX[usize::from(byte >> 4)]));
+            key.push(char::from(HEX[usize::from(byte & 0xf)]));
+        }
         key.push('}');
         key
     }
@@ -65,6 +70,27 @@ mod tests {
         limit: 5,
         window_ms: 1000,
     };
+
+    #[test]
+    fn key_is_the_documented_digest_in_lowercase_hex() {
+        let p = policy(0x0102_0304_0506_0708, FW);
+        let subject = SubjectDigest::from_bytes([0xfe; 32]);
+        let mut hasher = Sha256::new();
+        for part in [
+            &b"edge.r1"[..],
+            &0x0102_0304_0506_0708u64.to_be_bytes(),
+            b"fixed_window",
+            &[0xfe; 32],
+        ] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        let expected = format!(
+            "x:rate:edge.r1:state:{{{}}}",
+            hex::encode(&hasher.finalize()[..16])
+        );
+        assert_eq!(KeyBuilder::new("x:").state_key(&p, &subject), expected);
+    }
 
     #[test]
     fn key_has_canonical_shape_and_no_raw_subject() {
