@@ -21,6 +21,8 @@
 #   BENCH_CONNECTIONS=2         edgelimit's redis.connections
 #   BENCH_CONNECTION_SWEEP=""   e.g. "1 2 4 8": also measure fixed_window distinct per count
 #   BENCH_MEMORY=auto           auto | yes | no: the embedded backend runs
+#   BENCH_SERVER_ENV=""         extra environment for edgelimit, e.g. TOKIO_WORKER_THREADS=1
+#   BENCH_EDGELIMIT_BIN=""      another edgelimit binary to measure (A/B of a server change)
 #   BENCH_OUT=target/bench/...  where the transcript goes (also printed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +35,8 @@ SCENARIOS=${BENCH_SCENARIOS:-"hot distinct multi"}
 CONNECTIONS=${BENCH_CONNECTIONS:-2}
 SWEEP=${BENCH_CONNECTION_SWEEP:-}
 MEMORY=${BENCH_MEMORY:-auto}
+SERVER_ENV=${BENCH_SERVER_ENV:-}
+EDGE_BIN=${BENCH_EDGELIMIT_BIN:-}
 mkdir -p target/bench
 OUT=${BENCH_OUT:-target/bench/run-$(date +%Y%m%dT%H%M%S).txt}
 : >"$OUT"
@@ -65,11 +69,13 @@ say "== edgelimit benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(free -g | awk '/Mem:/ {print $2}') GiB"
 say "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 say "redis: $(redis-server --version | cut -d' ' -f3)  revision: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-say "settings: ${SECS}s per run, warm-up $WARMUP, concurrency $CONC, redis.connections $CONNECTIONS"
+say "settings: ${SECS}s per run, warm-up $WARMUP, concurrency $CONC, redis.connections $CONNECTIONS${SERVER_ENV:+, server env $SERVER_ENV}"
 
 say "-- building release binaries"
 cargo build --release --locked --bins 2>&1 | tail -n 2
 BIN=target/release
+SERVER_BIN=${EDGE_BIN:-$BIN/edgelimit}
+say "server binary: $SERVER_BIN"
 
 # ---------------------------------------------------------------- Redis ----
 REDIS_PORT=
@@ -117,7 +123,8 @@ log:
   level: info
 $extra
 EOF
-  NO_COLOR=1 "$BIN/edgelimit" serve --config "$config" >"$log" 2>&1 &
+  # shellcheck disable=SC2086
+  env $SERVER_ENV NO_COLOR=1 "$SERVER_BIN" serve --config "$config" >"$log" 2>&1 &
   EDGE_PID=$!
   PIDS+=("$EDGE_PID")
   EDGE_ADDR=
@@ -284,8 +291,8 @@ if [ "$MEMORY" != no ]; then
     if "$BIN/edgelimit-load" --help | grep -q -- '--in-process'; then
       for algo in $ALGORITHMS; do
         out=$("$BIN/edgelimit-load" --in-process --policy-dir bench/policies --domain "bench_$algo" \
-          --scenario distinct --duration "${SECS}s" --warmup "$WARMUP" --threads "$(nproc)" \
-          --label "memory in-process $algo")
+          --scenario distinct --subjects 100000 --duration "${SECS}s" --warmup "$WARMUP" \
+          --threads "$(nproc)" --concurrency "$(nproc)" --label "memory in-process $algo")
         echo "$out" | sed 's/^/    /' >>"$OUT"
         rps=$(echo "$out" | grep '^RESULT' | grep -o ' rps=[0-9]*' | cut -d= -f2)
         SUMMARY+=("$(printf 'memory %-8s in-process %9s decisions/s (%s threads)' "${algo%%_*}" "$rps" "$(nproc)")")

@@ -14,6 +14,10 @@
 //! - `multi`: `--descriptors` descriptors per request, each a distinct subject, keys taken
 //!   from `--keys` in turn.
 //!
+//! With `--in-process` no server is involved: the workers call `RateLimiter::decide` of an
+//! embedded (memory) backend built from `--policy-dir`, measuring decisions/s of the whole
+//! request path minus gRPC. Its workers never wait, so use as many as `--threads`.
+//!
 //! Only loopback targets are accepted: this tool is for benchmarking a server you run here.
 //! The last line is machine-readable (`RESULT key=value ...`) for `bench/run.sh`.
 #![forbid(unsafe_code)]
@@ -24,7 +28,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use clap::{Parser, ValueEnum};
+use edgelimit::envoy::{RateLimiter, ServiceSettings};
+use edgelimit::memory::{MemoryBackend, MemoryConfig};
+use edgelimit::policy::{LoadOptions, PolicySet};
+use edgelimit::subject::SubjectHasher;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -92,6 +101,12 @@ struct Args {
     /// Label echoed in the RESULT line.
     #[arg(long, default_value = "")]
     label: String,
+    /// No server: call the embedded (memory) backend's RateLimiter::decide directly.
+    #[arg(long)]
+    in_process: bool,
+    /// Policy directory for --in-process.
+    #[arg(long, default_value = "bench/policies")]
+    policy_dir: std::path::PathBuf,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -177,6 +192,35 @@ impl RequestFactory {
     }
 }
 
+/// Where calls go: a server over gRPC, or the request path in this process.
+#[derive(Clone)]
+enum Target {
+    Grpc(RateLimitServiceClient<Channel>),
+    InProcess(Arc<RateLimiter<MemoryBackend>>),
+}
+
+impl Target {
+    /// The response's overall code, or the error.
+    async fn call(&mut self, request: RateLimitRequest, timeout: Duration) -> Result<i32, String> {
+        match self {
+            Target::Grpc(client) => {
+                let mut request = tonic::Request::new(request);
+                request.set_timeout(timeout);
+                client
+                    .should_rate_limit(request)
+                    .await
+                    .map(|r| r.get_ref().overall_code)
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+            }
+            Target::InProcess(limiter) => limiter
+                .decide(&request, Instant::now() + timeout)
+                .await
+                .map(|r| r.overall_code)
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message())),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     ok: u64,
@@ -222,7 +266,7 @@ const OVER_LIMIT: i32 = 2;
 
 async fn worker(
     index: usize,
-    mut client: RateLimitServiceClient<Channel>,
+    mut target: Target,
     factory: Arc<RequestFactory>,
     plan: Arc<Plan>,
     issued: Arc<AtomicU64>,
@@ -254,9 +298,9 @@ async fn worker(
         if intended >= plan.end {
             break;
         }
-        let mut request = tonic::Request::new(factory.build(sequence));
-        request.set_timeout(plan.grpc_timeout);
-        let result = client.should_rate_limit(request).await;
+        let result = target
+            .call(factory.build(sequence), plan.grpc_timeout)
+            .await;
         let done = Instant::now();
         tally.answered += 1;
         if intended < plan.measure_from {
@@ -266,15 +310,13 @@ async fn worker(
             .latencies
             .push(u64::try_from((done - intended).as_nanos()).unwrap_or(u64::MAX));
         match result {
-            Ok(response) => match response.get_ref().overall_code {
-                OK => tally.ok += 1,
-                OVER_LIMIT => tally.over_limit += 1,
-                _ => tally.other_code += 1,
-            },
-            Err(status) => {
+            Ok(OK) => tally.ok += 1,
+            Ok(OVER_LIMIT) => tally.over_limit += 1,
+            Ok(_) => tally.other_code += 1,
+            Err(error) => {
                 tally.errors += 1;
                 if tally.first_error.is_none() {
-                    tally.first_error = Some(format!("{:?}: {}", status.code(), status.message()));
+                    tally.first_error = Some(error);
                 }
             }
         }
@@ -297,19 +339,38 @@ async fn run(args: Args) -> Result<(), String> {
     if args.subjects == 0 || args.descriptors == 0 {
         return Err("--subjects and --descriptors must be at least 1".into());
     }
-    let target = loopback_target(&args.addr).await?;
-    let mut channels = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections {
-        // Each `connect` opens its own HTTP/2 connection.
-        let channel = Endpoint::from_shared(format!("http://{target}"))
-            .map_err(|e| e.to_string())?
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(2))
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {target}: {e}"))?;
-        channels.push(channel);
-    }
+    let (targets, target_name) = if args.in_process {
+        let policies = PolicySet::load_dir(&args.policy_dir, &LoadOptions::default())
+            .map_err(|e| format!("{}:\n{e}", args.policy_dir.display()))?;
+        // A fixed secret: this is a benchmark, nothing it digests is real.
+        let hasher = SubjectHasher::new(zeroize::Zeroizing::new(vec![0x42; 48]))
+            .map_err(|e| e.to_string())?;
+        let limiter = RateLimiter::new(
+            Arc::new(ArcSwap::from_pointee(policies)),
+            Arc::new(MemoryBackend::new(MemoryConfig::default())),
+            Arc::new(hasher),
+            ServiceSettings::default(),
+        );
+        (
+            vec![Target::InProcess(Arc::new(limiter))],
+            format!("in-process memory backend ({})", args.policy_dir.display()),
+        )
+    } else {
+        let target = loopback_target(&args.addr).await?;
+        let mut targets = Vec::with_capacity(args.connections);
+        for _ in 0..args.connections {
+            // Each `connect` opens its own HTTP/2 connection.
+            let channel = Endpoint::from_shared(format!("http://{target}"))
+                .map_err(|e| e.to_string())?
+                .tcp_nodelay(true)
+                .connect_timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+            targets.push(Target::Grpc(RateLimitServiceClient::new(channel)));
+        }
+        (targets, target.to_string())
+    };
     let factory = Arc::new(RequestFactory {
         scenario: args.scenario,
         domain: args.domain.clone(),
@@ -340,10 +401,9 @@ async fn run(args: Args) -> Result<(), String> {
     let issued = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..args.concurrency)
         .map(|i| {
-            let client = RateLimitServiceClient::new(channels[i % channels.len()].clone());
             tokio::spawn(worker(
                 i,
-                client,
+                targets[i % targets.len()].clone(),
                 factory.clone(),
                 plan.clone(),
                 issued.clone(),
@@ -374,7 +434,7 @@ async fn run(args: Args) -> Result<(), String> {
     );
     let max = lat.last().map_or(f64::NAN, |m| *m as f64 / 1e6);
     println!(
-        "edgelimit-load: scenario={:?} target={target} concurrency={} connections={} threads={} rate={}",
+        "edgelimit-load: scenario={:?} target={target_name} concurrency={} connections={} threads={} rate={}",
         args.scenario,
         args.concurrency,
         args.connections,
