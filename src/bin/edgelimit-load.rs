@@ -5,8 +5,9 @@
 //! requests/s, OK / OVER_LIMIT / error counts and latency percentiles (exact: every sample is
 //! kept and sorted). Without `--rate` the load is closed-loop (each worker sends its next
 //! request when the previous one is answered); with `--rate` each worker sends on a fixed
-//! schedule and latency is measured from the *scheduled* send time, so a server that falls
-//! behind shows its queueing delay (no coordinated omission).
+//! schedule; a request that is due while its worker still waits for an answer is timed from
+//! its *scheduled* send time, so a server that falls behind shows its queueing delay (no
+//! coordinated omission), while one sent on time is timed from when it was sent.
 //!
 //! Scenarios:
 //! - `hot`: every request carries one descriptor with the same value (one subject);
@@ -290,8 +291,15 @@ async fn worker(
                 if scheduled >= plan.end {
                     break;
                 }
-                tokio::time::sleep_until(scheduled.into()).await;
-                scheduled
+                if scheduled > Instant::now() {
+                    // On time: the clock starts when the timer fires (tokio timers are
+                    // millisecond-grained; their lateness is the client's, not the server's).
+                    tokio::time::sleep_until(scheduled.into()).await;
+                    Instant::now()
+                } else {
+                    // Behind schedule because answers came late: count from the schedule.
+                    scheduled
+                }
             }
             _ => Instant::now(),
         };
