@@ -241,7 +241,7 @@ impl Default for LimitsConfig {
             max_value_bytes: b.max_value_bytes,
             max_request_bytes: 64 * 1024,
             max_response_bytes: 1024 * 1024,
-            max_concurrent_streams: 256,
+            max_concurrent_streams: 100,
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(10),
             http2_keepalive_interval: Duration::from_secs(30),
