@@ -30,6 +30,8 @@ pub struct ServerConfig {
     pub default_timeout: Duration,
     pub headers: HeadersConfig,
     pub policies: PolicyDefaults,
+    /// Bounds on what clients may send and hold open (requests, connections, streams).
+    pub limits: LimitsConfig,
     pub log: LogConfig,
     /// How long a shutdown waits for in-flight requests before exiting anyway.
     #[serde(with = "serde_duration")]
@@ -51,6 +53,7 @@ impl Default for ServerConfig {
             default_timeout: Duration::from_secs(1),
             headers: HeadersConfig::default(),
             policies: PolicyDefaults::default(),
+            limits: LimitsConfig::default(),
             log: LogConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
@@ -171,15 +174,131 @@ pub struct PolicyDefaults {
     pub cleanup_grace: Duration,
     #[serde(with = "serde_duration")]
     pub max_clock_regression: Duration,
+    /// Largest policy file accepted, in bytes.
+    pub max_file_bytes: u64,
+    /// Most descriptors (rules) one domain may hold, over all its files.
+    pub max_rules_per_domain: usize,
+    /// Deepest descriptor nesting accepted.
+    pub max_depth: usize,
 }
 
 impl Default for PolicyDefaults {
     fn default() -> Self {
+        let d = crate::policy::LoadOptions::default();
         Self {
-            merge_domains: false,
-            default_max_cost: 1_000_000,
+            merge_domains: d.merge_domains,
+            default_max_cost: d.default_max_cost,
             cleanup_grace: Duration::from_secs(60),
             max_clock_regression: Duration::from_secs(2),
+            max_file_bytes: d.max_file_bytes,
+            max_rules_per_domain: d.max_rules_per_domain,
+            max_depth: d.max_depth,
+        }
+    }
+}
+
+/// What one client may send and hold open. Requests beyond the per-request bounds are
+/// answered `INVALID_ARGUMENT`; messages beyond `max_request_bytes` are refused by the gRPC
+/// codec before they are buffered; connections beyond `max_connections` are closed at once.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub max_domain_bytes: usize,
+    pub max_descriptors: usize,
+    pub max_entries_per_descriptor: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+    /// Largest encoded `ShouldRateLimit` request (gRPC message), in bytes.
+    pub max_request_bytes: usize,
+    /// Largest encoded response; far above what the request bounds can produce.
+    pub max_response_bytes: usize,
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`: requests in flight per connection.
+    pub max_concurrent_streams: u32,
+    /// Open gRPC connections at most; further ones are accepted and closed immediately.
+    pub max_connections: usize,
+    /// Time a new connection has to send the HTTP/2 preface before it is closed.
+    #[serde(with = "serde_duration")]
+    pub handshake_timeout: Duration,
+    /// HTTP/2 PING sent after this much silence; an unanswered one closes the connection.
+    #[serde(with = "serde_duration")]
+    pub http2_keepalive_interval: Duration,
+    #[serde(with = "serde_duration")]
+    pub http2_keepalive_timeout: Duration,
+    /// TCP keepalive idle time before the kernel probes a silent peer.
+    #[serde(with = "serde_duration")]
+    pub tcp_keepalive: Duration,
+    pub tcp_nodelay: bool,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let b = crate::envoy::RequestBounds::default();
+        Self {
+            max_domain_bytes: b.max_domain_bytes,
+            max_descriptors: b.max_descriptors,
+            max_entries_per_descriptor: b.max_entries_per_descriptor,
+            max_key_bytes: b.max_key_bytes,
+            max_value_bytes: b.max_value_bytes,
+            max_request_bytes: 64 * 1024,
+            max_response_bytes: 1024 * 1024,
+            max_concurrent_streams: 100,
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            http2_keepalive_interval: Duration::from_secs(30),
+            http2_keepalive_timeout: Duration::from_secs(10),
+            tcp_keepalive: Duration::from_secs(60),
+            tcp_nodelay: true,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// A zero bound would refuse every request or connection: reject it when loading.
+    fn validate(&self) -> Result<(), String> {
+        let counts = [
+            ("max_domain_bytes", self.max_domain_bytes),
+            ("max_descriptors", self.max_descriptors),
+            (
+                "max_entries_per_descriptor",
+                self.max_entries_per_descriptor,
+            ),
+            ("max_key_bytes", self.max_key_bytes),
+            ("max_value_bytes", self.max_value_bytes),
+            ("max_request_bytes", self.max_request_bytes),
+            ("max_response_bytes", self.max_response_bytes),
+            ("max_connections", self.max_connections),
+            (
+                "max_concurrent_streams",
+                usize::try_from(self.max_concurrent_streams).unwrap_or(usize::MAX),
+            ),
+        ];
+        for (field, value) in counts {
+            if value == 0 {
+                return Err(format!("limits.{field}: must be at least 1"));
+            }
+        }
+        let durations = [
+            ("handshake_timeout", self.handshake_timeout),
+            ("http2_keepalive_interval", self.http2_keepalive_interval),
+            ("http2_keepalive_timeout", self.http2_keepalive_timeout),
+            ("tcp_keepalive", self.tcp_keepalive),
+        ];
+        for (field, value) in durations {
+            if value.is_zero() {
+                return Err(format!("limits.{field}: must be longer than 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The per-request bounds the service checks before any lookup.
+    pub fn request_bounds(&self) -> crate::envoy::RequestBounds {
+        crate::envoy::RequestBounds {
+            max_domain_bytes: self.max_domain_bytes,
+            max_descriptors: self.max_descriptors,
+            max_entries_per_descriptor: self.max_entries_per_descriptor,
+            max_key_bytes: self.max_key_bytes,
+            max_value_bytes: self.max_value_bytes,
         }
     }
 }
@@ -229,7 +348,10 @@ impl ServerConfig {
             return Ok(Self::default());
         }
         // No source snippet: the lines around an error may hold a Redis URL with a password.
-        serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())
+        let config: Self =
+            serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())?;
+        config.limits.validate()?;
+        Ok(config)
     }
 
     pub fn backend_kind(&self) -> BackendKind {
@@ -270,6 +392,29 @@ mod tests {
         assert!(err.contains('3'), "line number expected: {err}");
         let err = ServerConfig::parse("default_timeout: 10\n").unwrap_err();
         assert!(err.contains("no unit"), "{err}");
+    }
+
+    #[test]
+    fn limits_and_policy_bounds_parse_and_zero_is_refused() {
+        let c = ServerConfig::parse(
+            "limits:\n  max_descriptors: 3\n  max_request_bytes: 1024\n  handshake_timeout: 250ms\npolicies:\n  max_depth: 4\n  max_file_bytes: 2048\n",
+        )
+        .unwrap();
+        assert_eq!(c.limits.max_descriptors, 3);
+        assert_eq!(c.limits.request_bounds().max_descriptors, 3);
+        assert_eq!(c.limits.max_request_bytes, 1024);
+        assert_eq!(c.limits.handshake_timeout, Duration::from_millis(250));
+        assert_eq!(
+            c.limits.max_key_bytes,
+            LimitsConfig::default().max_key_bytes
+        );
+        assert_eq!((c.policies.max_depth, c.policies.max_file_bytes), (4, 2048));
+        let err = ServerConfig::parse("limits:\n  max_connections: 0\n").unwrap_err();
+        assert!(err.contains("limits.max_connections"), "{err}");
+        let err = ServerConfig::parse("limits:\n  tcp_keepalive: 0s\n").unwrap_err();
+        assert!(err.contains("limits.tcp_keepalive"), "{err}");
+        let err = ServerConfig::parse("limits:\n  max_streams: 1\n").unwrap_err();
+        assert!(err.contains("max_streams"), "{err}");
     }
 
     #[test]

@@ -6,12 +6,12 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use tokio::task::JoinHandle;
 
 use super::admin::{self, AdminState};
-use super::config::{BackendKind, FailureModeConfig, ServerConfig};
+use super::config::{BackendKind, FailureModeConfig, LimitsConfig, ServerConfig};
+use super::listener::{ConnectionLimits, GuardedIncoming};
 use super::readiness::{self, Readiness};
 use super::reload::{self, Reloader};
 use super::{secret, telemetry};
@@ -38,7 +38,9 @@ pub fn load_options(config: &ServerConfig) -> LoadOptions {
         default_max_cost: config.policies.default_max_cost,
         cleanup_grace_ms: duration_ms(config.policies.cleanup_grace),
         max_clock_regression_ms: duration_ms(config.policies.max_clock_regression),
-        ..LoadOptions::default()
+        max_file_bytes: config.policies.max_file_bytes,
+        max_rules_per_domain: config.policies.max_rules_per_domain,
+        max_depth: config.policies.max_depth,
     }
 }
 
@@ -68,7 +70,7 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
         },
         shadow_mode: config.shadow_mode,
         default_timeout: config.default_timeout,
-        ..ServiceSettings::default()
+        bounds: config.limits.request_bounds(),
     }
 }
 
@@ -219,12 +221,21 @@ async fn run<B: RateLimitPort>(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the gRPC reflection service")?;
+    let limits = &config.limits;
+    let rls = limiter
+        .into_server()
+        .max_decoding_message_size(limits.max_request_bytes)
+        .max_encoding_message_size(limits.max_response_bytes);
+    let incoming = GuardedIncoming::new(listener, connection_limits(limits));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(limiter.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+        .add_service(rls)
+        .serve_with_incoming_shutdown(incoming, async {
             let _ = stopped.await;
         });
     tokio::pin!(server);
@@ -238,6 +249,15 @@ async fn run<B: RateLimitPort>(
         task.abort();
     }
     result
+}
+
+fn connection_limits(limits: &LimitsConfig) -> ConnectionLimits {
+    ConnectionLimits {
+        max_connections: limits.max_connections,
+        handshake_timeout: limits.handshake_timeout,
+        tcp_keepalive: limits.tcp_keepalive,
+        tcp_nodelay: limits.tcp_nodelay,
+    }
 }
 
 /// Not ready first (so health checkers stop sending), then stop accepting and wait for
