@@ -5,3 +5,4 @@ pub mod fault_load;
 pub mod redis_server;
 pub mod server;
 pub mod tcp_proxy;
+pub mod topologies;
