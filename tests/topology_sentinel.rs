@@ -184,6 +184,14 @@ async fn forced_failover_under_load_fails_closed_and_resumes_on_the_new_primary(
     assert_eq!(allowed, vec![LIMIT], "exactness on the new primary");
     assert_eq!(count(new_primary, "edgelimit:rate:*fresh*"), Some(LIMIT));
 
+    // Async replication's known cost (README, Topologies): OKs the old primary granted after
+    // the promotion are not on the new one. Reported, not asserted: it depends on timing.
+    let kept = count(new_primary, "edgelimit:rate:*open*").unwrap_or(0);
+    eprintln!(
+        "open subject: {} OKs granted, {kept} held by the new primary (lost at least {})",
+        oks(&open),
+        oks(&open).saturating_sub(kept)
+    );
     eprintln!(
         "failover: sentinel switched after {:?}, new primary counting after {:?}; \
          {during} requests for the used-up subject inside the window, all OVER_LIMIT; \
