@@ -24,6 +24,9 @@ const CLUSTER_RETRIES: u32 = 2;
 /// Back-off between those retries: short, since the caller's command deadline still applies.
 const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (1, 20);
 
+/// Health-check verdict for a Sentinel connection whose node is no longer the primary.
+pub const PRIMARY_MOVED: &str = "the Sentinels name another primary";
+
 /// Makes connections for one configured topology.
 pub enum Connector {
     Standalone(Client),
@@ -192,7 +195,7 @@ impl Connector {
             // nothing about the primary: keep the connection.
             if let Ok(Ok(current)) = tokio::time::timeout(timeout, resolver.primary()).await {
                 if current.get_connection_info().addr().to_string() != *primary {
-                    return Err("the Sentinels name another primary");
+                    return Err(PRIMARY_MOVED);
                 }
             }
         }

@@ -17,7 +17,7 @@ use arc_swap::ArcSwapOption;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::connect::{Connector, Link};
+use super::connect::{Connector, Link, PRIMARY_MOVED};
 
 /// One live connection. Its flags are per generation, so a report about an old connection
 /// can never tear down its replacement.
@@ -35,7 +35,7 @@ struct Slot {
 }
 
 pub struct Connections {
-    slots: Vec<Arc<Slot>>,
+    slots: Arc<[Arc<Slot>]>,
     next: AtomicUsize,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -54,7 +54,7 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 impl Connections {
     /// Starts the slots' tasks; connections come up in the background.
     pub fn start(connector: Arc<Connector>, settings: ConnectionSettings) -> Self {
-        let slots: Vec<Arc<Slot>> = (0..settings.count.max(1))
+        let slots: Arc<[Arc<Slot>]> = (0..settings.count.max(1))
             .map(|_| {
                 Arc::new(Slot {
                     current: ArcSwapOption::empty(),
@@ -62,14 +62,12 @@ impl Connections {
                 })
             })
             .collect();
-        let tasks = slots
-            .iter()
-            .enumerate()
-            .map(|(index, slot)| {
+        let tasks = (0..slots.len())
+            .map(|index| {
                 tokio::spawn(maintain(
                     connector.clone(),
                     index,
-                    slot.clone(),
+                    slots.clone(),
                     settings.clone(),
                 ))
             })
@@ -135,9 +133,10 @@ impl Drop for Connections {
 async fn maintain(
     connector: Arc<Connector>,
     index: usize,
-    slot: Arc<Slot>,
+    slots: Arc<[Arc<Slot>]>,
     settings: ConnectionSettings,
 ) {
+    let slot = slots[index].clone();
     let mut backoff = INITIAL_BACKOFF;
     loop {
         match connector.connect(settings.connect_timeout).await {
@@ -161,6 +160,17 @@ async fn maintain(
                     .current
                     .compare_and_swap(&Some(live.clone()), None::<Arc<Live>>);
                 tracing::warn!(slot = index, reason, "redis connection lost; reconnecting");
+                if reason == PRIMARY_MOVED {
+                    // The other slots are most likely on the old primary too, which still
+                    // accepts writes that the new one will never see: check them now rather
+                    // than at their next interval.
+                    for other in slots.iter().filter(|s| !Arc::ptr_eq(s, &slot)) {
+                        if let Some(live) = other.current.load_full() {
+                            live.suspect.store(true, Ordering::Release);
+                            other.wake.notify_one();
+                        }
+                    }
+                }
                 // A connection that dies young (Redis accepting and dropping, a proxy that
                 // resets) must not turn into a reconnect loop: back off as for a failed connect.
                 if since.elapsed() >= settings.health_check_interval {
