@@ -19,7 +19,7 @@ use crate::contract::RateLimitPort;
 use crate::envoy::{FailureMode, HeaderSettings, RateLimiter, ServiceSettings};
 use crate::memory::{MemoryBackend, MemoryConfig};
 use crate::policy::{LoadOptions, PolicySet};
-use crate::redis::{RedisBackend, RedisSettings};
+use crate::redis::RedisBackend;
 
 /// Descriptors of `rls.proto` and its imports, for gRPC reflection (`grpcurl`); regenerate
 /// with `examples/trim_descriptors.rs`.
@@ -112,20 +112,8 @@ pub async fn serve(
         }
         BackendKind::Redis => {
             let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
-            let url = config
-                .redis
-                .url
-                .clone()
-                .context("backend: redis needs redis.url")?;
-            let backend = RedisBackend::start(RedisSettings {
-                url,
-                key_prefix: config.redis.key_prefix.clone(),
-                command_timeout: config.redis.command_timeout,
-                connect_timeout: config.redis.connect_timeout,
-                connections: config.redis.connections,
-                max_in_flight: config.redis.max_in_flight,
-                retry_after: config.redis.retry_after,
-            })?;
+            let settings = config.redis.settings()?;
+            let backend = RedisBackend::start(settings)?;
             // Serving before the first connection would deny every early request.
             let bound = config.redis.connect_timeout * 2;
             if !backend.wait_connected(bound).await {

@@ -6,3 +6,4 @@ pub mod raw_h2;
 pub mod redis_server;
 pub mod server;
 pub mod tcp_proxy;
+pub mod topologies;
