@@ -14,7 +14,7 @@ use edgelimit::contract::{
     AlgorithmParams, Cost, IncompatibleCause, IndeterminateCause, PolicyId, RateLimitOutcome,
     RateLimitPolicy, RateLimitPort, RateLimitRequest, SubjectDigest, UnavailableCause,
 };
-use edgelimit::redis::{RedisBackend, RedisSettings};
+use edgelimit::redis::{RedisBackend, RedisSettings, Topology};
 
 const DAY_MS: u64 = 86_400_000;
 /// Caller deadline for every evaluation: well above any command timeout used here.
@@ -43,7 +43,9 @@ fn backend(
     configure: impl FnOnce(&mut RedisSettings),
 ) -> RedisBackend {
     let mut settings = RedisSettings {
-        url: url.to_owned(),
+        topology: Topology::Standalone {
+            url: url.to_owned(),
+        },
         command_timeout,
         connect_timeout: Duration::from_millis(300),
         connections: 1,

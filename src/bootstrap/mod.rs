@@ -5,6 +5,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod duration;
+mod listener;
 pub mod readiness;
 pub mod reload;
 pub mod secret;

@@ -6,12 +6,12 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use tokio::task::JoinHandle;
 
 use super::admin::{self, AdminState};
-use super::config::{BackendKind, FailureModeConfig, ServerConfig};
+use super::config::{BackendKind, FailureModeConfig, LimitsConfig, ServerConfig};
+use super::listener::{ConnectionLimits, GuardedIncoming};
 use super::readiness::{self, Readiness};
 use super::reload::{self, Reloader};
 use super::{secret, telemetry};
@@ -19,7 +19,7 @@ use crate::contract::RateLimitPort;
 use crate::envoy::{FailureMode, HeaderSettings, RateLimiter, ServiceSettings};
 use crate::memory::{MemoryBackend, MemoryConfig};
 use crate::policy::{LoadOptions, PolicySet};
-use crate::redis::{RedisBackend, RedisSettings};
+use crate::redis::RedisBackend;
 
 /// Descriptors of `rls.proto` and its imports, for gRPC reflection (`grpcurl`); regenerate
 /// with `examples/trim_descriptors.rs`.
@@ -38,7 +38,9 @@ pub fn load_options(config: &ServerConfig) -> LoadOptions {
         default_max_cost: config.policies.default_max_cost,
         cleanup_grace_ms: duration_ms(config.policies.cleanup_grace),
         max_clock_regression_ms: duration_ms(config.policies.max_clock_regression),
-        ..LoadOptions::default()
+        max_file_bytes: config.policies.max_file_bytes,
+        max_rules_per_domain: config.policies.max_rules_per_domain,
+        max_depth: config.policies.max_depth,
     }
 }
 
@@ -68,7 +70,7 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
         },
         shadow_mode: config.shadow_mode,
         default_timeout: config.default_timeout,
-        ..ServiceSettings::default()
+        bounds: config.limits.request_bounds(),
     }
 }
 
@@ -110,20 +112,8 @@ pub async fn serve(
         }
         BackendKind::Redis => {
             let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
-            let url = config
-                .redis
-                .url
-                .clone()
-                .context("backend: redis needs redis.url")?;
-            let backend = RedisBackend::start(RedisSettings {
-                url,
-                key_prefix: config.redis.key_prefix.clone(),
-                command_timeout: config.redis.command_timeout,
-                connect_timeout: config.redis.connect_timeout,
-                connections: config.redis.connections,
-                max_in_flight: config.redis.max_in_flight,
-                retry_after: config.redis.retry_after,
-            })?;
+            let settings = config.redis.settings()?;
+            let backend = RedisBackend::start(settings)?;
             // Serving before the first connection would deny every early request.
             let bound = config.redis.connect_timeout * 2;
             if !backend.wait_connected(bound).await {
@@ -219,12 +209,21 @@ async fn run<B: RateLimitPort>(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the gRPC reflection service")?;
+    let limits = &config.limits;
+    let rls = limiter
+        .into_server()
+        .max_decoding_message_size(limits.max_request_bytes)
+        .max_encoding_message_size(limits.max_response_bytes);
+    let incoming = GuardedIncoming::new(listener, connection_limits(limits));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(limiter.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+        .add_service(rls)
+        .serve_with_incoming_shutdown(incoming, async {
             let _ = stopped.await;
         });
     tokio::pin!(server);
@@ -238,6 +237,15 @@ async fn run<B: RateLimitPort>(
         task.abort();
     }
     result
+}
+
+fn connection_limits(limits: &LimitsConfig) -> ConnectionLimits {
+    ConnectionLimits {
+        max_connections: limits.max_connections,
+        handshake_timeout: limits.handshake_timeout,
+        tcp_keepalive: limits.tcp_keepalive,
+        tcp_nodelay: limits.tcp_nodelay,
+    }
 }
 
 /// Not ready first (so health checkers stop sending), then stop accepting and wait for

@@ -224,6 +224,23 @@ mod tests {
     }
 
     #[test]
+    fn cluster_errors_after_retries() {
+        // A cluster connection that gave up on a redirect or a busy slot returns the server's
+        // error: the program did not run there.
+        for line in [
+            "MOVED 3999 127.0.0.1:6381",
+            "ASK 3999 127.0.0.1:6381",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+        ] {
+            assert_eq!(classify(&server_reply(line)), UNAVAILABLE, "{line}");
+        }
+        // No connection to the slot's node after earlier attempts: one of them may have run.
+        let lost = RedisError::from((ErrorKind::ClusterConnectionNotFound, "no connection"));
+        assert!(matches!(classify(&lost), Failure::Indeterminate(_)));
+    }
+
+    #[test]
     fn server_refusals_keep_the_connection() {
         assert!(!breaks_connection(&server_reply("LOADING loading")));
         assert!(!breaks_connection(&server_reply("WRONGTYPE wrong")));

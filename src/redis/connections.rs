@@ -1,6 +1,7 @@
-//! A fixed set of multiplexed connections, each kept alive by its own background task.
-//! Requests pipeline onto a shared connection instead of checking one out; a slot without a
-//! live connection fails fast (nothing was sent) while its task reconnects with back-off.
+//! A fixed set of connections, each kept alive by its own background task. Requests pipeline
+//! onto a shared connection instead of checking one out; a slot without a live connection
+//! fails fast (nothing was sent) while its task reconnects with back-off. What a connection
+//! is (one server, a Sentinel-resolved primary, a whole cluster) is `connect.rs`'s business.
 //!
 //! A connection leaves its slot when a command on it fails at the transport level, or when a
 //! health check (`PING`, bounded by `health_check_timeout`) fails. Health checks run every
@@ -12,16 +13,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ::redis::aio::MultiplexedConnection;
-use ::redis::{AsyncConnectionConfig, Client};
 use arc_swap::ArcSwapOption;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::connect::{Connector, Link, PRIMARY_MOVED};
+
 /// One live connection. Its flags are per generation, so a report about an old connection
 /// can never tear down its replacement.
 pub struct Live {
-    pub connection: MultiplexedConnection,
+    pub link: Link,
     slot: usize,
     broken: AtomicBool,
     suspect: AtomicBool,
@@ -34,7 +35,7 @@ struct Slot {
 }
 
 pub struct Connections {
-    slots: Vec<Arc<Slot>>,
+    slots: Arc<[Arc<Slot>]>,
     next: AtomicUsize,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -52,8 +53,8 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 
 impl Connections {
     /// Starts the slots' tasks; connections come up in the background.
-    pub fn start(client: Client, settings: ConnectionSettings) -> Self {
-        let slots: Vec<Arc<Slot>> = (0..settings.count.max(1))
+    pub fn start(connector: Arc<Connector>, settings: ConnectionSettings) -> Self {
+        let slots: Arc<[Arc<Slot>]> = (0..settings.count.max(1))
             .map(|_| {
                 Arc::new(Slot {
                     current: ArcSwapOption::empty(),
@@ -61,14 +62,12 @@ impl Connections {
                 })
             })
             .collect();
-        let tasks = slots
-            .iter()
-            .enumerate()
-            .map(|(index, slot)| {
+        let tasks = (0..slots.len())
+            .map(|index| {
                 tokio::spawn(maintain(
-                    client.clone(),
+                    connector.clone(),
                     index,
-                    slot.clone(),
+                    slots.clone(),
                     settings.clone(),
                 ))
             })
@@ -131,32 +130,47 @@ impl Drop for Connections {
     }
 }
 
-async fn maintain(client: Client, index: usize, slot: Arc<Slot>, settings: ConnectionSettings) {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(settings.connect_timeout))
-        .set_response_timeout(None);
+async fn maintain(
+    connector: Arc<Connector>,
+    index: usize,
+    slots: Arc<[Arc<Slot>]>,
+    settings: ConnectionSettings,
+) {
+    let slot = slots[index].clone();
     let mut backoff = INITIAL_BACKOFF;
     loop {
-        match client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-        {
-            Ok(connection) => {
+        match connector.connect(settings.connect_timeout).await {
+            Ok(link) => {
                 let live = Arc::new(Live {
-                    connection,
+                    link,
                     slot: index,
                     broken: AtomicBool::new(false),
                     suspect: AtomicBool::new(false),
                 });
                 slot.current.store(Some(live.clone()));
                 let since = Instant::now();
-                tracing::info!(slot = index, "redis connection established");
-                let reason = supervise(&slot, &live, &settings).await;
+                tracing::info!(
+                    slot = index,
+                    kind = live.link.kind(),
+                    "redis connection established"
+                );
+                let reason = supervise(&connector, &slot, &live, &settings).await;
                 live.broken.store(true, Ordering::Release);
                 let _ = slot
                     .current
                     .compare_and_swap(&Some(live.clone()), None::<Arc<Live>>);
                 tracing::warn!(slot = index, reason, "redis connection lost; reconnecting");
+                if reason == PRIMARY_MOVED {
+                    // The other slots are most likely on the old primary too, which still
+                    // accepts writes that the new one will never see: check them now rather
+                    // than at their next interval.
+                    for other in slots.iter().filter(|s| !Arc::ptr_eq(s, &slot)) {
+                        if let Some(live) = other.current.load_full() {
+                            live.suspect.store(true, Ordering::Release);
+                            other.wake.notify_one();
+                        }
+                    }
+                }
                 // A connection that dies young (Redis accepting and dropping, a proxy that
                 // resets) must not turn into a reconnect loop: back off as for a failed connect.
                 if since.elapsed() >= settings.health_check_interval {
@@ -177,7 +191,12 @@ async fn maintain(client: Client, index: usize, slot: Arc<Slot>, settings: Conne
 
 /// Returns (with a reason for the log) when the connection was reported broken or failed a
 /// health check.
-async fn supervise(slot: &Slot, live: &Live, settings: &ConnectionSettings) -> &'static str {
+async fn supervise(
+    connector: &Connector,
+    slot: &Slot,
+    live: &Live,
+    settings: &ConnectionSettings,
+) -> &'static str {
     let mut interval = tokio::time::interval(settings.health_check_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval.tick().await; // the first tick is immediate; the connection was just checked
@@ -197,17 +216,11 @@ async fn supervise(slot: &Slot, live: &Live, settings: &ConnectionSettings) -> &
         if live.broken.load(Ordering::Acquire) {
             return "command failed on the connection";
         }
-        if !healthy(live, settings.health_check_timeout).await {
-            return "health check failed";
+        if let Err(reason) = connector
+            .check(&live.link, settings.health_check_timeout)
+            .await
+        {
+            return reason;
         }
     }
-}
-
-async fn healthy(live: &Live, timeout: Duration) -> bool {
-    let mut connection = live.connection.clone();
-    let ping = ::redis::cmd("PING");
-    matches!(
-        tokio::time::timeout(timeout, connection.send_packed_command(&ping)).await,
-        Ok(Ok(::redis::Value::SimpleString(ref s))) if s == "PONG"
-    )
 }

@@ -1,10 +1,13 @@
 //! Redis backend: keys, the atomic Lua programs, reply parsing and failure certainty.
 
 mod classify;
+mod connect;
 mod connections;
 mod keys;
 mod programs;
 mod reply;
+mod settings;
+mod tls;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +26,11 @@ pub use keys::KeyBuilder;
 pub use programs::invocation;
 pub use programs::{program_args, program_source, Program, Programs};
 pub use reply::{parse as parse_reply, ReplyError};
+pub use settings::{
+    Redacted, RedisSettings, RedisSetupError, Secret, SentinelSettings, TlsFiles, Topology,
+};
 
+use connect::Connector;
 use connections::Connections;
 
 /// How often an idle connection is PINGed (and at once after a command timed out on it).
@@ -31,86 +38,6 @@ pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest pause between reconnect attempts: Redis is used again at most this long (plus one
 /// connect) after it is back.
 pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
-
-#[derive(Debug, Clone)]
-pub struct RedisSettings {
-    /// `redis://[user:pass@]host:port/db`.
-    pub url: String,
-    pub key_prefix: String,
-    /// Fixed per-command budget; a request whose deadline is closer is refused before sending.
-    pub command_timeout: Duration,
-    pub connect_timeout: Duration,
-    /// Multiplexed connections shared by all requests.
-    pub connections: usize,
-    /// Commands in flight at most; more are refused before sending.
-    pub max_in_flight: usize,
-    /// Advised back-off for unavailable / indeterminate outcomes.
-    pub retry_after: Duration,
-}
-
-impl Default for RedisSettings {
-    fn default() -> Self {
-        Self {
-            url: "redis://127.0.0.1:6379/".into(),
-            key_prefix: KeyBuilder::DEFAULT_PREFIX.into(),
-            command_timeout: Duration::from_millis(10),
-            connect_timeout: Duration::from_secs(1),
-            connections: 2,
-            max_in_flight: 1024,
-            retry_after: Duration::from_secs(1),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RedisSetupError {
-    #[error("invalid Redis URL: {0}")]
-    Url(#[source] ::redis::RedisError),
-    #[error("redis.{name} = {value:?} is outside {min:?}..={max:?}")]
-    OutOfRange {
-        name: &'static str,
-        value: Duration,
-        min: Duration,
-        max: Duration,
-    },
-    #[error("redis.{name} must be at least 1")]
-    Zero { name: &'static str },
-}
-
-impl RedisSettings {
-    /// Bounds for `retry_after`: what a denied client is told to wait while Redis cannot decide.
-    pub const RETRY_AFTER_RANGE: (Duration, Duration) =
-        (Duration::from_millis(100), Duration::from_secs(3600));
-    /// Bounds for `command_timeout` and `connect_timeout`.
-    pub const TIMEOUT_RANGE: (Duration, Duration) =
-        (Duration::from_millis(1), Duration::from_secs(60));
-
-    pub fn validate(&self) -> Result<(), RedisSetupError> {
-        for (name, value, (min, max)) in [
-            ("retry_after", self.retry_after, Self::RETRY_AFTER_RANGE),
-            ("command_timeout", self.command_timeout, Self::TIMEOUT_RANGE),
-            ("connect_timeout", self.connect_timeout, Self::TIMEOUT_RANGE),
-        ] {
-            if value < min || value > max {
-                return Err(RedisSetupError::OutOfRange {
-                    name,
-                    value,
-                    min,
-                    max,
-                });
-            }
-        }
-        for (name, value) in [
-            ("connections", self.connections),
-            ("max_in_flight", self.max_in_flight),
-        ] {
-            if value == 0 {
-                return Err(RedisSetupError::Zero { name });
-            }
-        }
-        Ok(())
-    }
-}
 
 pub struct RedisBackend {
     connections: Connections,
@@ -125,9 +52,9 @@ impl RedisBackend {
     /// first connection is up are `Unavailable`.
     pub fn start(settings: RedisSettings) -> Result<Self, RedisSetupError> {
         settings.validate()?;
-        let client = ::redis::Client::open(settings.url.as_str()).map_err(RedisSetupError::Url)?;
+        let connector = Arc::new(Connector::build(&settings)?);
         let connections = Connections::start(
-            client,
+            connector,
             ConnectionSettings {
                 count: settings.connections,
                 connect_timeout: settings.connect_timeout,
@@ -205,7 +132,7 @@ impl RedisBackend {
         };
         let program = self.programs.for_algorithm(policy.algorithm());
         let key = self.keys.state_key(policy, request.subject());
-        let mut connection = live.connection.clone();
+        let mut link = live.link.clone();
         let started = Instant::now();
         let mut sent_source = false;
         let result = loop {
@@ -213,7 +140,7 @@ impl RedisBackend {
             // Server error replies arrive as values; `extract_error` makes them errors. The
             // EVALSHA and the one resend share the command deadline.
             let sent = tokio::time::timeout_at(deadline.into(), async {
-                connection.send_packed_command(&cmd).await?.extract_error()
+                link.send(&cmd).await?.extract_error()
             })
             .await;
             match sent {
@@ -236,7 +163,7 @@ impl RedisBackend {
                 }
                 Ok(Err(error)) => {
                     let failure = classify(&error);
-                    if breaks_connection(&error) {
+                    if live.link.broken_by(&error) {
                         self.connections.mark_broken(&live);
                     }
                     tracing::debug!(%error, ?failure, "redis command failed");
@@ -316,9 +243,16 @@ impl RateLimitPort for RedisBackend {
     }
 
     fn describe(&self) -> String {
+        let topology = match &self.settings.topology {
+            Topology::Standalone { .. } => "standalone",
+            Topology::Sentinel(_) => "sentinel",
+            Topology::Cluster { .. } => "cluster",
+        };
         format!(
-            "redis ({} connections, command timeout {:?})",
-            self.settings.connections, self.settings.command_timeout
+            "redis {topology}{} ({} connections, command timeout {:?})",
+            if self.settings.uses_tls() { " tls" } else { "" },
+            self.settings.connections,
+            self.settings.command_timeout
         )
     }
 }

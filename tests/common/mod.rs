@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod fault_load;
+pub mod raw_h2;
 pub mod redis_server;
 pub mod server;
 pub mod tcp_proxy;
+pub mod topologies;

@@ -1,0 +1,123 @@
+//! Redis Cluster: three edgelimit processes against a 3-master cluster. Subjects hash to
+//! different slots (the key's `{digest}` is its hash tag), so their state lands on several
+//! masters; each subject is still allowed exactly its limit, and the programs are loaded
+//! lazily on each master through the NOSCRIPT fallback.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::fault_load::{assert_all_answered_in_time, assert_fail_closed_in, oks, recovers, Load};
+use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions};
+use common::topologies::{storm, Cluster};
+
+const LIMIT: u64 = 40;
+const SERVERS: usize = 3;
+const WORKERS: usize = 2;
+const CALLS: usize = 20; // 3 servers × 2 workers × 20 = 120 requests per subject
+const SUBJECTS: usize = 8;
+const CALLER_TIMEOUT: Duration = Duration::from_secs(4);
+
+const POLICY: &str = r#"
+domain: cluster
+descriptors:
+  - key: user
+    rate_limit:
+      unit: day
+      requests_per_unit: 40
+"#;
+
+fn server(cluster: &Cluster) -> EdgelimitServer {
+    EdgelimitServer::start(
+        ServerOptions::memory(&[("cluster.yaml", POLICY)])
+            .extra(&cluster.config("  command_timeout: 2s\n  connect_timeout: 500ms\n")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_on_a_cluster_allow_exactly_the_limit_on_every_master() {
+    let started = Instant::now();
+    let cluster = tokio::task::block_in_place(|| Cluster::start(3));
+    let servers: Vec<EdgelimitServer> = (0..SERVERS).map(|_| server(&cluster)).collect();
+    let subjects: Vec<String> = (0..SUBJECTS).map(|i| format!("subject-{i}")).collect();
+
+    let allowed = storm(&servers, "cluster", "user", &subjects, WORKERS, CALLS).await;
+    assert_eq!(allowed, vec![LIMIT; SUBJECTS], "fixed window per subject");
+
+    // Each subject's state is one key, on the master owning its slot, holding exactly LIMIT.
+    let mut masters_with_keys = 0;
+    let mut total_keys = 0;
+    for node in &cluster.nodes {
+        let keys = node.keys("edgelimit:rate:*");
+        if !keys.is_empty() {
+            masters_with_keys += 1;
+        }
+        for key in &keys {
+            assert!(key.contains(":state:{"), "hash-tagged key {key}");
+            assert_eq!(
+                node.cli(&["HGET", key, "c"]).trim(),
+                LIMIT.to_string(),
+                "{key}"
+            );
+        }
+        total_keys += keys.len();
+    }
+    assert_eq!(total_keys, SUBJECTS);
+    assert!(
+        masters_with_keys > 1,
+        "all subjects landed on one master; the hash tag does not spread them"
+    );
+
+    // Scripts are loaded per node on first use (NOSCRIPT, then the exact source once).
+    let reloads: f64 = servers
+        .iter()
+        .filter_map(|s| metric(&s.metrics(), "edgelimit_redis_noscript_reloads_total", &[]))
+        .sum();
+    assert!(
+        reloads >= masters_with_keys as f64,
+        "{reloads} NOSCRIPT reloads for {masters_with_keys} masters"
+    );
+    eprintln!("cluster exactness took {:?}", started.elapsed());
+}
+
+/// A master that dies takes its slots with it: requests for a subject on it fail closed
+/// (OVER_LIMIT, within the caller's deadline) while it is down, never OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_fails_closed_for_its_slots() {
+    let mut cluster = tokio::task::block_in_place(|| Cluster::start(3));
+    let server = server(&cluster);
+    let mut client = server.client().await;
+
+    // The first subject whose key lands on node 0.
+    let mut victim = None;
+    for i in 0..64 {
+        let req = request(
+            "cluster",
+            vec![descriptor(&[("user", &format!("probe-{i}"))])],
+        );
+        recovers(&mut client, &req, CALLER_TIMEOUT, Duration::from_secs(10)).await;
+        if !cluster.nodes[0].keys("edgelimit:rate:*").is_empty() {
+            victim = Some(req);
+            break;
+        }
+    }
+    let req = victim.expect("some subject hashes to node 0");
+    let load = Load::start(
+        client.clone(),
+        req,
+        2,
+        CALLER_TIMEOUT,
+        Duration::from_millis(5),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    tokio::task::block_in_place(|| cluster.nodes[0].kill());
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let end = Instant::now();
+    let samples = load.finish().await;
+    let inside = assert_fail_closed_in(&samples, start, end, false, "master killed");
+    assert_all_answered_in_time(&samples, "master killed");
+    assert!(oks(&samples) > 0, "the subject was served before the kill");
+    eprintln!("{inside} requests answered OVER_LIMIT while the master was down");
+}
