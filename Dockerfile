@@ -12,6 +12,7 @@ COPY src ./src
 COPY lua ./lua
 COPY proto ./proto
 COPY examples ./examples
+COPY benches ./benches
 RUN cargo build --release --locked --bin edgelimit
 
 # Runtime stage: glibc only (no TLS or C libraries are linked dynamically besides libc).
