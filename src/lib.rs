@@ -8,6 +8,7 @@
 pub mod algorithm;
 pub mod bootstrap;
 pub mod contract;
+pub mod duration;
 pub mod envoy;
 pub mod memory;
 pub mod policy;

@@ -4,7 +4,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
-pub mod duration;
+pub use crate::duration;
 mod listener;
 pub mod readiness;
 pub mod reload;

@@ -605,22 +605,13 @@ impl Ctx<'_> {
     }
 }
 
-/// `30s`, `5m`, `1h`, `2d` → milliseconds.
+/// `30s`, `5m`, `1h`, `2d` → milliseconds. Windows are whole seconds or more: `ms` is refused.
 pub(crate) fn parse_duration_ms(text: &str) -> Option<u64> {
-    let split = text.len().checked_sub(1)?;
-    let (digits, suffix) = (text.get(..split)?, text.get(split..)?);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if text.ends_with("ms") || text.trim() != text {
         return None;
     }
-    let n: u64 = digits.parse().ok()?;
-    let unit_ms: u64 = match suffix {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(unit_ms).filter(|ms| *ms > 0)
+    let ms = crate::duration::parse_duration(text).ok()?.as_millis();
+    u64::try_from(ms).ok().filter(|ms| *ms > 0)
 }
 
 /// The unit Envoy is told about for a custom window: the largest one dividing it.

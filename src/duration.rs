@@ -1,4 +1,5 @@
-//! Human durations in configuration: `250ms`, `10s`, `5m`, `1h`, `1d`.
+//! Human durations in configuration files: `250ms`, `10s`, `5m`, `1h`, `1d`. Shared by the
+//! server configuration and policy files (`window:`).
 
 use std::time::Duration;
 
