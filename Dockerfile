@@ -9,6 +9,7 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY crates ./crates
 COPY lua ./lua
 COPY proto ./proto
 COPY examples ./examples

@@ -272,7 +272,7 @@ if [ -n "$SWEEP" ]; then
 fi
 
 if [ "$MEMORY" != no ]; then
-  if [ "$MEMORY" = auto ] && [ ! -d src/memory ]; then
+  if [ "$MEMORY" = auto ] && [ ! -d src/memory ] && [ ! -d crates/memory ]; then
     say "-- memory backend: skipped (not built into this revision)"
   else
     say "-- memory backend"

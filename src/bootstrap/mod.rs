@@ -4,7 +4,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
-pub use crate::duration;
+pub use edgelimit_policy::duration;
 mod listener;
 pub mod readiness;
 pub mod reload;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use zeroize::Zeroizing;
 
 use super::config::SecretSource;
-use crate::subject::{SubjectHasher, MIN_SECRET_LEN};
+use edgelimit_envoy::subject::{SubjectHasher, MIN_SECRET_LEN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretLoadError {

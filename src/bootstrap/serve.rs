@@ -144,7 +144,7 @@ async fn run<B: RateLimitPort>(
     config: ServerConfig,
     policies: Arc<ArcSwap<PolicySet>>,
     backend: Arc<B>,
-    hasher: crate::subject::SubjectHasher,
+    hasher: edgelimit_envoy::subject::SubjectHasher,
     ops: Ops,
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,

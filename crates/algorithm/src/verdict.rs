@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{ProgramReply, Status};
-use crate::contract::{
+use edgelimit_contract::{
     Algorithm, Certainty, DecisionSource, IncompatibleCause, RateLimitDecision, RateLimitOutcome,
     RateLimitPolicy, UnavailableCause,
 };

@@ -8,7 +8,7 @@
 
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use crate::contract::{IncompatibleCause, IndeterminateCause, UnavailableCause};
+use edgelimit_contract::{IncompatibleCause, IndeterminateCause, UnavailableCause};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {

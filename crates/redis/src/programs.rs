@@ -1,15 +1,15 @@
 //! The versioned Lua programs, compiled into the binary so the exact source is always at hand
 //! for the NOSCRIPT fallback.
 
-use crate::algorithm::{revision_arg, SCHEMA_VERSION};
-use crate::contract::{Algorithm, AlgorithmParams, RateLimitPolicy, RateLimitRequest};
+use edgelimit_algorithm::{revision_arg, SCHEMA_VERSION};
+use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy, RateLimitRequest};
 
 /// The exact program source, compiled in so the binary and its programs cannot drift.
 pub fn program_source(algorithm: Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::FixedWindow => include_str!("../../lua/rate-fixed-window-v1.lua"),
-        Algorithm::SlidingWindow => include_str!("../../lua/rate-sliding-counter-v1.lua"),
-        Algorithm::TokenBucket => include_str!("../../lua/rate-token-bucket-v1.lua"),
+        Algorithm::FixedWindow => include_str!("../../../lua/rate-fixed-window-v1.lua"),
+        Algorithm::SlidingWindow => include_str!("../../../lua/rate-sliding-counter-v1.lua"),
+        Algorithm::TokenBucket => include_str!("../../../lua/rate-token-bucket-v1.lua"),
     }
 }
 
@@ -145,7 +145,7 @@ fn hex_u64(value: u64, out: &mut [u8; 16]) -> &[u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{Cost, PolicyId, SubjectDigest};
+    use edgelimit_contract::{Cost, PolicyId, SubjectDigest};
 
     #[test]
     fn invocation_sends_exactly_program_args() {

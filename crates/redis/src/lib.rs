@@ -1,4 +1,5 @@
 //! Redis backend: keys, the atomic Lua programs, reply parsing and failure certainty.
+#![forbid(unsafe_code)]
 
 mod classify;
 mod connect;
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-use crate::algorithm::outcome_from_reply;
-use crate::contract::{
+use edgelimit_algorithm::outcome_from_reply;
+use edgelimit_contract::{
     BackendReadiness, DecisionSource, IncompatibleCause, IndeterminateCause, RateLimitOutcome,
     RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
 };

@@ -5,7 +5,7 @@
 use sha2::{Digest, Sha256};
 
 use super::model::Unit;
-use crate::contract::AlgorithmParams;
+use edgelimit_contract::AlgorithmParams;
 
 /// Longest slug kept verbatim; longer ones are cut and tagged with a hash.
 pub(crate) const SLUG_MAX: usize = 48;

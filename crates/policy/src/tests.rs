@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 
 use super::*;
-use crate::contract::{Algorithm, AlgorithmParams};
+use edgelimit_contract::{Algorithm, AlgorithmParams};
 
 fn opts() -> LoadOptions {
     LoadOptions::default()
@@ -836,7 +836,7 @@ fn duplicate_domains_need_merging() {
 
 #[test]
 fn shipped_policies_load() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
     let set = match PolicySet::load_dir(&dir, &opts()) {
         Ok(set) => set,
         Err(e) => panic!("{e}"),

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::algorithm::State;
-use crate::contract::{PolicyId, SubjectDigest};
+use edgelimit_algorithm::State;
+use edgelimit_contract::{PolicyId, SubjectDigest};
 
 /// Number of shards: a power of two, well above the core counts this runs on, so two
 /// requests rarely wait for the same lock.

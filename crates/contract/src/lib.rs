@@ -1,5 +1,6 @@
 //! Provider-neutral rate-limit contract: what a request, a policy, a decision and an outcome
 //! are, and the port every backend implements. Knows nothing of Redis, gRPC or YAML.
+#![forbid(unsafe_code)]
 
 mod decision;
 mod error;

@@ -14,7 +14,9 @@ use super::matcher::{Matcher, NodeId};
 use super::model::{Limit, Rule};
 use super::schema::{self, DescriptorConfig, DomainConfig, LimitConfig};
 use super::{yaml, DomainInfo, PolicySet};
-use crate::contract::{Algorithm, AlgorithmParams, PolicyId, RateLimitPolicy, MAX_EXACT_INTEGER};
+use edgelimit_contract::{
+    Algorithm, AlgorithmParams, PolicyId, RateLimitPolicy, MAX_EXACT_INTEGER,
+};
 
 /// How a policy set is loaded and which defaults its limits get.
 #[derive(Debug, Clone, PartialEq, Eq)]

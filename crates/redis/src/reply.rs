@@ -4,8 +4,8 @@
 use ::redis::Value;
 use thiserror::Error;
 
-use crate::algorithm::{ProgramReply, Status};
-use crate::contract::{RateLimitPolicy, MAX_EXACT_INTEGER};
+use edgelimit_algorithm::{ProgramReply, Status};
+use edgelimit_contract::{RateLimitPolicy, MAX_EXACT_INTEGER};
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ReplyError {
@@ -80,7 +80,7 @@ pub fn parse(value: &Value, policy: &RateLimitPolicy) -> Result<ProgramReply, Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{AlgorithmParams, PolicyId};
+    use edgelimit_contract::{AlgorithmParams, PolicyId};
 
     fn policy() -> RateLimitPolicy {
         RateLimitPolicy::new(

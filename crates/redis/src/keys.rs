@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::contract::{RateLimitPolicy, SubjectDigest};
+use edgelimit_contract::{RateLimitPolicy, SubjectDigest};
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
@@ -60,7 +60,7 @@ impl Default for KeyBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{AlgorithmParams, PolicyId};
+    use edgelimit_contract::{AlgorithmParams, PolicyId};
 
     fn policy(revision: u64, params: AlgorithmParams) -> RateLimitPolicy {
         RateLimitPolicy::new(PolicyId::new("edge.r1").unwrap(), revision, params, 1, 0, 0).unwrap()

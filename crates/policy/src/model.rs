@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::contract::RateLimitPolicy;
+use edgelimit_contract::RateLimitPolicy;
 
 /// Envoy's `RateLimitResponse.RateLimit.Unit`, plus the config units it cannot express.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

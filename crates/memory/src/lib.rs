@@ -1,4 +1,4 @@
-//! Embedded backend: the same three algorithms as the Redis programs ([`crate::algorithm`]),
+//! Embedded backend: the same three algorithms as the Redis programs ([`edgelimit_algorithm`]),
 //! with state in this process. Limits are therefore local to one replica.
 //!
 //! - State is keyed by (policy id, policy revision, subject digest); a new revision starts
@@ -10,14 +10,15 @@
 //! - At most [`MemoryConfig::max_subjects`] states are tracked. When the cap is reached and
 //!   nothing has expired, a request that would create state for a new subject fails closed
 //!   (`Unavailable` / `CapacityExhausted`); subjects already tracked keep working.
+#![forbid(unsafe_code)]
 
 mod store;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::algorithm::{self, ProgramReply, Status, Stored};
-use crate::contract::{
+use edgelimit_algorithm::{self as algorithm, ProgramReply, Status, Stored};
+use edgelimit_contract::{
     Algorithm, BackendReadiness, Certainty, DecisionSource, IncompatibleCause, RateLimitDecision,
     RateLimitOutcome, RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
 };
@@ -236,7 +237,7 @@ impl RateLimitPort for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{AlgorithmParams, Cost, PolicyId, SubjectDigest};
+    use edgelimit_contract::{AlgorithmParams, Cost, PolicyId, SubjectDigest};
 
     fn policy(params: AlgorithmParams, revision: u64) -> RateLimitPolicy {
         RateLimitPolicy::new(PolicyId::new("mem").unwrap(), revision, params, 100, 0, 0).unwrap()

@@ -4,7 +4,9 @@
 //! Files are parsed into a spanned tree ([`yaml`]), decoded and validated ([`schema`]),
 //! given stable ids and revisions ([`identity`]), compiled into lookup tables ([`matcher`]),
 //! and assembled per directory ([`load`]). See [`matcher`] for the matching rules.
+#![forbid(unsafe_code)]
 
+pub mod duration;
 mod error;
 mod identity;
 mod load;
@@ -23,7 +25,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use load::LoadOptions;
 pub use model::{Limit, Rule, Unit};
 
-use crate::contract::{AlgorithmParams, ContractError, PolicyId, RateLimitPolicy};
+use edgelimit_contract::{AlgorithmParams, ContractError, PolicyId, RateLimitPolicy};
 use matcher::Matcher;
 
 /// A loaded, validated, immutable set of policies. Swap whole sets to reload.

@@ -1,8 +1,10 @@
 //! Envoy's `RateLimitService`: translates requests into policy lookups and backend
 //! evaluations, and answers with statuses and headers. Uncertain outcomes fail closed.
+#![forbid(unsafe_code)]
 
 mod deadline;
 mod headers;
+pub mod subject;
 mod translate;
 
 use std::borrow::Cow;
@@ -23,12 +25,12 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use futures_util::future::join_all;
 use tonic::{Request, Response, Status};
 
-use crate::contract::{
+use crate::subject::SubjectHasher;
+use edgelimit_contract::{
     ContractError, Cost, PolicyId, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
     RateLimitPort, RateLimitRequest as PortRequest, SubjectDigest,
 };
-use crate::policy::{Limit, PolicySet, Unit};
-use crate::subject::SubjectHasher;
+use edgelimit_policy::{Limit, PolicySet, Unit};
 
 pub use deadline::parse_grpc_timeout;
 pub use headers::{HeaderFacts, HeaderSettings};
@@ -239,7 +241,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             Err(_) => RateLimitOutcome::Unavailable {
                 policy_id: policy.id().clone(),
                 retry_after: Duration::from_secs(1),
-                cause: crate::contract::UnavailableCause::DeadlineTooShort,
+                cause: edgelimit_contract::UnavailableCause::DeadlineTooShort,
             },
         }
     }
@@ -611,7 +613,7 @@ impl<B: RateLimitPort> RateLimitService for RateLimiter<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{AlgorithmParams, Certainty, DecisionSource, RateLimitPolicy};
+    use edgelimit_contract::{AlgorithmParams, Certainty, DecisionSource, RateLimitPolicy};
     use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;

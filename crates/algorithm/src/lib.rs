@@ -6,6 +6,7 @@
 //! Every function here is total: invalid arguments, malformed state and overflow-prone inputs
 //! become a status (`INVALID`, `STATE_INCOMPATIBLE`), never a panic. All arithmetic stays below
 //! 2^53 - 1, like the programs' (Lua numbers are doubles).
+#![forbid(unsafe_code)]
 
 pub mod fixed_window;
 pub mod sliding_window;
@@ -15,7 +16,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-use crate::contract::{Algorithm, AlgorithmParams, RateLimitPolicy, MAX_EXACT_INTEGER};
+use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy, MAX_EXACT_INTEGER};
 
 /// Status field of a program reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -404,7 +405,7 @@ pub fn revision_arg(revision: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::PolicyId;
+    use edgelimit_contract::PolicyId;
 
     fn policy(params: AlgorithmParams) -> RateLimitPolicy {
         RateLimitPolicy::new(PolicyId::new("p.1").unwrap(), 0xab, params, 10, 100, 50).unwrap()

@@ -120,7 +120,7 @@ impl RateLimitRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::AlgorithmParams;
+    use crate::AlgorithmParams;
     use std::time::Duration;
 
     fn policy() -> RateLimitPolicy {

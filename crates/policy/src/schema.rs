@@ -10,7 +10,7 @@ use saphyr_parser::ScalarStyle;
 use super::error::ConfigError;
 use super::model::Unit;
 use super::yaml::{Node, Pos, Scalar};
-use crate::contract::{Algorithm, MAX_EXACT_INTEGER};
+use edgelimit_contract::{Algorithm, MAX_EXACT_INTEGER};
 
 /// One file's domain.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use sha2::Sha256;
 use thiserror::Error;
 use zeroize::Zeroizing;
 
-use crate::contract::SubjectDigest;
+use edgelimit_contract::SubjectDigest;
 
 /// Minimum secret length: an HMAC-SHA256 key shorter than its output weakens it.
 pub const MIN_SECRET_LEN: usize = 32;
