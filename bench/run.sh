@@ -72,7 +72,10 @@ say "redis: $(redis-server --version | cut -d' ' -f3)  revision: $(git rev-parse
 say "settings: ${SECS}s per run, warm-up $WARMUP, concurrency $CONC, redis.connections $CONNECTIONS${SERVER_ENV:+, server env $SERVER_ENV}"
 
 say "-- building release binaries"
-cargo build --release --locked --bins 2>&1 | tail -n 2
+cargo build --release --locked --bins --example lua_programs 2>&1 | tail -n 2
+# The programs exactly as the server composes and sends them (lua/lib is their source).
+LUA_DIR="$WORK/lua"
+target/release/examples/lua_programs "$LUA_DIR" >/dev/null
 BIN=target/release
 SERVER_BIN=${EDGE_BIN:-$BIN/edgelimit}
 say "server binary: $SERVER_BIN"
@@ -199,9 +202,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 
 lua_file() {
   case $1 in
-    fixed_window) echo lua/rate-fixed-window-v1.lua ;;
-    sliding_window) echo lua/rate-sliding-counter-v1.lua ;;
-    token_bucket) echo lua/rate-token-bucket-v1.lua ;;
+    fixed_window) echo "$LUA_DIR/rate-fixed-window-v1.lua" ;;
+    sliding_window) echo "$LUA_DIR/rate-sliding-counter-v1.lua" ;;
+    token_bucket) echo "$LUA_DIR/rate-token-bucket-v1.lua" ;;
   esac
 }
 # ARGV: schema, policy id, revision, cost 1, max clock regression, grace, then the algorithm's

@@ -20,15 +20,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use criterion::{BatchSize, Criterion};
+use criterion::Criterion;
+use edgelimit::algorithm::composite::Mode;
 use edgelimit::algorithm::outcome_from_reply;
 use edgelimit::contract::{
-    BackendReadiness, Certainty, Cost, DecisionSource, RateLimitDecision, RateLimitOutcome,
-    RateLimitPolicy, RateLimitPort, RateLimitRequest as PortRequest, SubjectDigest,
+    BackendReadiness, Certainty, CompositeOutcome, CompositeRequest, DecisionSource,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitPort, SubjectDigest,
 };
 use edgelimit::envoy::{RateLimiter, ServiceSettings};
 use edgelimit::policy::{LoadOptions, PolicySet};
-use edgelimit::redis::{invocation, parse_reply, KeyBuilder, Programs};
+use edgelimit::redis::{
+    composite_invocation, invocation, parse_replies, parse_reply, CompositeCheck, KeyBuilder,
+    Programs,
+};
 use edgelimit::subject::SubjectHasher;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -187,8 +191,8 @@ struct FixedDecision {
     allowed: bool,
 }
 
-impl RateLimitPort for FixedDecision {
-    async fn evaluate(&self, policy: &RateLimitPolicy, _request: &PortRequest) -> RateLimitOutcome {
+impl FixedDecision {
+    fn decision(&self, policy: &RateLimitPolicy) -> RateLimitOutcome {
         RateLimitOutcome::Evaluated(RateLimitDecision {
             allowed: self.allowed,
             limit: policy.params().limit(),
@@ -209,6 +213,12 @@ impl RateLimitPort for FixedDecision {
             source: DecisionSource::GlobalRedis,
             certainty: Certainty::Certain,
         })
+    }
+}
+
+impl RateLimitPort for FixedDecision {
+    async fn evaluate_all(&self, request: &CompositeRequest<'_>) -> CompositeOutcome {
+        CompositeOutcome::uniform(request, |policy| self.decision(policy))
     }
 
     async fn readiness(&self) -> BackendReadiness {
@@ -242,18 +252,68 @@ fn canned_reply(limit: u64) -> ::redis::Value {
 }
 
 impl RateLimitPort for RedisCpuOnly {
-    async fn evaluate(&self, policy: &RateLimitPolicy, request: &PortRequest) -> RateLimitOutcome {
-        let program = self.programs.for_algorithm(policy.algorithm());
-        let key = self.keys.state_key(policy, request.subject());
-        let cmd = invocation(program, false, &key, policy, request);
-        black_box(cmd.get_packed_command());
-        let value = canned_reply(policy.params().limit());
-        let reply = parse_reply(&value, policy).expect("canned reply parses");
-        outcome_from_reply(
-            &reply,
-            policy,
-            DecisionSource::GlobalRedis,
-            Duration::from_secs(1),
+    async fn evaluate_all(&self, request: &CompositeRequest<'_>) -> CompositeOutcome {
+        let checks = request.checks();
+        let keys: Vec<String> = checks
+            .iter()
+            .map(|c| self.keys.state_key(c.policy(), c.subject()))
+            .collect();
+        let policies: Vec<&RateLimitPolicy> = checks.iter().map(|c| c.policy()).collect();
+        let replies = if let [check] = checks {
+            let program = self.programs.for_algorithm(check.policy().algorithm());
+            let cmd = invocation(
+                program,
+                false,
+                &keys[0],
+                check.policy(),
+                check.cost().units(),
+                None,
+            );
+            black_box(cmd.get_packed_command());
+            let value = canned_reply(check.policy().params().limit());
+            vec![parse_reply(&value, check.policy()).expect("canned reply parses")]
+        } else {
+            let calls: Vec<CompositeCheck<'_>> = checks
+                .iter()
+                .enumerate()
+                .map(|(key, c)| CompositeCheck {
+                    key,
+                    policy: c.policy(),
+                    cost: c.cost().units(),
+                    shadow: c.is_shadow(),
+                })
+                .collect();
+            let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let cmd = composite_invocation(
+                self.programs.composite(),
+                false,
+                Mode::Commit,
+                &key_refs,
+                &calls,
+                None,
+            );
+            black_box(cmd.get_packed_command());
+            let value = ::redis::Value::Array(
+                policies
+                    .iter()
+                    .map(|p| canned_reply(p.params().limit()))
+                    .collect(),
+            );
+            parse_replies(&value, &policies).expect("canned replies parse")
+        };
+        CompositeOutcome::new(
+            policies
+                .iter()
+                .zip(replies)
+                .map(|(policy, reply)| {
+                    outcome_from_reply(
+                        &reply,
+                        policy,
+                        DecisionSource::GlobalRedis,
+                        Duration::from_secs(1),
+                    )
+                })
+                .collect(),
         )
     }
 
@@ -450,23 +510,20 @@ fn benches(c: &mut Criterion, policies: &Arc<ArcSwap<PolicySet>>) {
     });
     let key = keys.state_key(&policy, &subject);
     c.bench_function("redis_evalsha_build_and_pack", |b| {
-        b.iter_batched(
-            || {
-                PortRequest::new(
+        b.iter(|| {
+            let program = programs.for_algorithm(policy.algorithm());
+            black_box(
+                invocation(
+                    program,
+                    false,
+                    &key,
                     &policy,
-                    subject,
-                    Cost::consume(1).unwrap(),
-                    None,
-                    Instant::now() + Duration::from_secs(60),
+                    black_box(1),
+                    Some(1_700_000_000_000),
                 )
-                .unwrap()
-            },
-            |req| {
-                let program = programs.for_algorithm(policy.algorithm());
-                black_box(invocation(program, false, &key, &policy, &req).get_packed_command())
-            },
-            BatchSize::SmallInput,
-        )
+                .get_packed_command(),
+            )
+        })
     });
     let reply = canned_reply(policy.params().limit());
     c.bench_function("redis_reply_parse", |b| {

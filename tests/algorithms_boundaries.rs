@@ -314,11 +314,13 @@ fn malformed_hash_state_is_incompatible_and_left_alone() {
                 ));
             }
         }
-        // Parameter-dependent ranges.
+        // Beyond what the arithmetic can hold (a count above the limit, or tokens above the
+        // capacity, are not corruption: the limit may have been lowered; see
+        // `a_lowered_limit_keeps_the_count`).
         let over: &[(&str, &str)] = match policy.algorithm() {
-            Algorithm::FixedWindow => &[("c", "11")],
-            Algorithm::SlidingWindow => &[("pc", "11"), ("cc", "11")],
-            Algorithm::TokenBucket => &[("t", "11"), ("m", "3600000")],
+            Algorithm::FixedWindow => &[("c", "9007199254740992")],
+            Algorithm::SlidingWindow => &[("pc", "9007199255"), ("cc", "9007199255")],
+            Algorithm::TokenBucket => &[("t", "9007199254740992"), ("m", "3600000")],
         };
         for (field, value) in over {
             cases.push((
@@ -327,12 +329,7 @@ fn malformed_hash_state_is_incompatible_and_left_alone() {
             ));
         }
         match policy.algorithm() {
-            Algorithm::TokenBucket => {
-                let mut full = mutated(&policy, now, "t", Some("10"));
-                full.retain(|(k, _)| *k != "m");
-                full.push(("m", "1".into()));
-                cases.push(("full bucket with a remainder".into(), full));
-            }
+            Algorithm::TokenBucket => {}
             _ => {
                 let window = policy.params().period_ms();
                 let field = if policy.algorithm() == Algorithm::FixedWindow {

@@ -125,8 +125,12 @@ fn cost(kind: u8, raw: u64, limit: u64) -> u64 {
 
 /// Applies a state-editing step to the stored hash, if the key holds valid state.
 fn edit(p: &mut Programs, policy: &RateLimitPolicy, step: &Step) {
+    edit_on(p, policy, KEY, step)
+}
+
+fn edit_on(p: &mut Programs, policy: &RateLimitPolicy, key: &str, step: &Step) {
     let now = p.server_time_ms();
-    let before = match p.before(policy, KEY) {
+    let before = match p.before(policy, key) {
         programs::Before::Present(s) => Some(s),
         _ => None,
     };
@@ -181,7 +185,8 @@ fn edit(p: &mut Programs, policy: &RateLimitPolicy, step: &Step) {
                     State::FixedWindow(fixed_window::State {
                         last_observed_ms: o,
                         window_id: w - (b % 3).min(w),
-                        consumed: c % (limit + 1),
+                        // Sometimes above the limit: a limit lowered by a reload.
+                        consumed: c % (over(limit, *b) + 1),
                     })
                 }
                 AlgorithmParams::SlidingWindow { .. } => {
@@ -194,10 +199,10 @@ fn edit(p: &mut Programs, policy: &RateLimitPolicy, step: &Step) {
                     State::SlidingWindow(sliding_window::State {
                         last_observed_ms: o,
                         previous_window_id: pw,
-                        previous_count: d % (limit + 1),
+                        previous_count: d % (over(limit, *b).min(MAX_SCALED) + 1),
                         current_window_id: cw,
                         current_count: if b % 2 == 0 {
-                            c % (limit + 1)
+                            c % (over(limit, *b).min(MAX_SCALED) + 1)
                         } else {
                             c % 4 % (limit + 1)
                         },
@@ -211,9 +216,10 @@ fn edit(p: &mut Programs, policy: &RateLimitPolicy, step: &Step) {
                     let t = if b % 3 == 0 {
                         capacity
                     } else {
-                        c % (capacity + 1)
+                        // Sometimes above the capacity: a burst lowered by a reload.
+                        c % (over(capacity, *b) + 1)
                     };
-                    let m = if t == capacity {
+                    let m = if t >= capacity && b % 5 != 0 {
                         0
                     } else {
                         d % refill_period_ms
@@ -229,7 +235,17 @@ fn edit(p: &mut Programs, policy: &RateLimitPolicy, step: &Step) {
         _ => None,
     };
     if let Some(s) = edited {
-        p.put_state(policy, KEY, &s, 3_600_000);
+        p.put_state(policy, key, &s, 3_600_000);
+    }
+}
+
+/// The range of a stored count: up to the limit, or (one time in seven) up to twice it, as
+/// after a reload that lowered the limit.
+fn over(limit: u64, salt: u64) -> u64 {
+    if salt % 7 == 3 {
+        limit.saturating_mul(2).saturating_add(1).min(MAX - 1)
+    } else {
+        limit
     }
 }
 
@@ -283,4 +299,106 @@ fn sliding_window_lua_and_rust_agree() {
 #[test]
 fn token_bucket_lua_and_rust_agree() {
     run_timelines(bucket_params());
+}
+
+/// A composite request: up to six checks over up to three keys, each key with its own policy
+/// of any algorithm, costs of every kind, some checks in shadow mode.
+#[derive(Debug, Clone)]
+struct CompositeStep {
+    checks: Vec<(usize, u8, u64, bool)>,
+    check_mode: bool,
+}
+
+fn composite_step() -> impl Strategy<Value = CompositeStep> {
+    (
+        prop::collection::vec(
+            (0usize..3, 0u8..6, any::<u64>(), prop::bool::weighted(0.2)),
+            1..7,
+        ),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(checks, check_mode)| CompositeStep { checks, check_mode })
+}
+
+fn any_params() -> impl Strategy<Value = AlgorithmParams> {
+    prop_oneof![fixed_params(), sliding_params(), bucket_params()]
+}
+
+const COMPOSITE_KEYS: [&str; 3] = ["rl:c{t}a", "rl:c{t}b", "rl:c{t}c"];
+
+#[test]
+fn composite_requests_of_mixed_algorithms_lua_and_rust_agree() {
+    use edgelimit::algorithm::composite::Mode;
+    let redis = RedisServer::start();
+    let p = std::cell::RefCell::new(Programs::new(&redis.url()));
+    let strategy = (
+        [any_params(), any_params(), any_params()],
+        any::<u64>(),
+        safety(),
+        prop::collection::vec(
+            prop_oneof![
+                6 => composite_step().prop_map(Ok),
+                2 => step().prop_map(Err),
+            ],
+            1..16,
+        ),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: CASES,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&strategy, |(params, revision, safety, steps)| {
+            let policies: Vec<RateLimitPolicy> = params
+                .iter()
+                .enumerate()
+                .map(|(i, params)| {
+                    let mut p = policy(*params, revision.wrapping_add(i as u64), safety);
+                    if i > 0 {
+                        p = RateLimitPolicy::new(
+                            PolicyId::new(&format!("diff.policy{i}")).unwrap(),
+                            p.revision(),
+                            *p.params(),
+                            p.max_cost(),
+                            p.cleanup_grace_ms(),
+                            p.max_clock_regression_ms(),
+                        )
+                        .unwrap();
+                    }
+                    p
+                })
+                .collect();
+            let mut p = p.borrow_mut();
+            for key in COMPOSITE_KEYS {
+                let _: () = p.cmd(&["DEL", key]);
+            }
+            for step in &steps {
+                match step {
+                    Ok(c) => {
+                        let checks: Vec<programs::CompositeCheck<'_>> = c
+                            .checks
+                            .iter()
+                            .map(|&(key, kind, raw, shadow)| programs::CompositeCheck {
+                                policy: &policies[key],
+                                key: COMPOSITE_KEYS[key],
+                                cost: cost(kind, raw, policies[key].params().limit()),
+                                shadow,
+                            })
+                            .collect();
+                        let mode = if c.check_mode {
+                            Mode::Check
+                        } else {
+                            Mode::Commit
+                        };
+                        p.step_composite(&checks, mode);
+                    }
+                    Err(Step::Sleep(ms)) => std::thread::sleep(Duration::from_millis(*ms)),
+                    // Edits act on the first key, with its policy.
+                    Err(edit_step) => edit_on(&mut p, &policies[0], COMPOSITE_KEYS[0], edit_step),
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }

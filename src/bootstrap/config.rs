@@ -28,6 +28,9 @@ pub struct ServerConfig {
     /// Deadline for callers that send no `grpc-timeout`.
     #[serde(with = "serde_duration")]
     pub default_timeout: Duration,
+    /// Kept back from the caller's deadline: the backend must be done this long before it.
+    #[serde(with = "serde_duration")]
+    pub deadline_margin: Duration,
     pub headers: HeadersConfig,
     pub policies: PolicyDefaults,
     /// Bounds on what clients may send and hold open (requests, connections, streams).
@@ -51,6 +54,7 @@ impl Default for ServerConfig {
             failure_mode: FailureModeConfig::OverLimit,
             shadow_mode: false,
             default_timeout: Duration::from_secs(1),
+            deadline_margin: Duration::from_millis(2),
             headers: HeadersConfig::default(),
             policies: PolicyDefaults::default(),
             limits: LimitsConfig::default(),

@@ -70,6 +70,7 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
         },
         shadow_mode: config.shadow_mode,
         default_timeout: config.default_timeout,
+        deadline_margin: config.deadline_margin,
         bounds: config.limits.request_bounds(),
     }
 }

@@ -66,6 +66,14 @@ impl ServerOptions {
     }
 
     /// Sets one `redis:` setting, e.g. `.redis_setting("command_timeout", "300ms")`.
+    /// Redis with the server's own defaults (the harness otherwise raises the command
+    /// timeout to 2 s so that slow test machines do not time out).
+    pub fn redis_defaults(url: &str, policies: &[(&str, &str)]) -> Self {
+        let mut options = Self::redis(url, policies);
+        options.redis_settings.clear();
+        options
+    }
+
     pub fn redis_setting(mut self, name: &str, value: &str) -> Self {
         self.redis_settings.retain(|(n, _)| n != name);
         self.redis_settings.push((name.into(), value.into()));
@@ -142,7 +150,11 @@ impl EdgelimitServer {
     fn spawn(&mut self, config: &Path) {
         let log = std::fs::File::create(&self.log).expect("log file");
         let log_err = log.try_clone().expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_edgelimit"))
+        // EDGELIMIT_TEST_BIN runs the tests against another build (e.g. the release binary).
+        let binary = std::env::var_os("EDGELIMIT_TEST_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_edgelimit")));
+        let child = Command::new(binary)
             .args(["serve", "--config"])
             .arg(config)
             .env("EDGELIMIT_LOG", "edgelimit=debug,info")

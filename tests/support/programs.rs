@@ -2,6 +2,7 @@
 //! same reply, same stored state, a TTL after every write, nothing touched otherwise.
 #![allow(dead_code)]
 
+use edgelimit::algorithm::composite::{self, Decided, Held, Mode};
 use edgelimit::algorithm::{self, Evaluation, ProgramReply, State, Status, Stored};
 use edgelimit::contract::RateLimitPolicy;
 use redis::{Connection, Script, Value};
@@ -19,6 +20,16 @@ pub struct Programs {
     fixed: Script,
     sliding: Script,
     bucket: Script,
+    composite: Script,
+}
+
+/// One check of a composite run: a policy on a key, a cost (0 = peek), shadow or enforced.
+#[derive(Debug, Clone, Copy)]
+pub struct CompositeCheck<'a> {
+    pub policy: &'a RateLimitPolicy,
+    pub key: &'a str,
+    pub cost: u64,
+    pub shadow: bool,
 }
 
 /// What a key held before a run, owned.
@@ -73,6 +84,7 @@ impl Programs {
             fixed: Script::new(edgelimit::redis::program_source(FixedWindow)),
             sliding: Script::new(edgelimit::redis::program_source(SlidingWindow)),
             bucket: Script::new(edgelimit::redis::program_source(TokenBucket)),
+            composite: Script::new(edgelimit::redis::composite_source()),
         }
     }
 
@@ -100,6 +112,117 @@ impl Programs {
     pub fn run(&mut self, policy: &RateLimitPolicy, key: &str, cost: u64) -> ProgramReply {
         let args = edgelimit::redis::program_args(policy, cost);
         self.run_raw(policy.algorithm(), key, &args)
+    }
+
+    /// Runs the composite program; the keys are numbered in order of first use.
+    pub fn run_composite(
+        &mut self,
+        checks: &[CompositeCheck<'_>],
+        mode: Mode,
+    ) -> Vec<ProgramReply> {
+        let keys = distinct_keys(checks);
+        let mut inv = self.composite.prepare_invoke();
+        for key in &keys {
+            inv.key(*key);
+        }
+        inv.arg("1").arg(mode.as_str()).arg(checks.len()).arg("");
+        for c in checks {
+            let index = keys.iter().position(|k| k == &c.key).unwrap() + 1;
+            let letter = match c.policy.algorithm() {
+                edgelimit::contract::Algorithm::FixedWindow => "f",
+                edgelimit::contract::Algorithm::SlidingWindow => "s",
+                edgelimit::contract::Algorithm::TokenBucket => "t",
+            };
+            inv.arg(index)
+                .arg(letter)
+                .arg(if c.shadow { "1" } else { "0" });
+            for a in edgelimit::redis::program_args(c.policy, c.cost) {
+                inv.arg(a);
+            }
+        }
+        let Value::Array(replies) = inv.invoke::<Value>(&mut self.con).unwrap() else {
+            panic!("composite reply is not an array")
+        };
+        replies.into_iter().map(parse_reply).collect()
+    }
+
+    /// One differential step of the composite program: runs it, decides the same checks with
+    /// the Rust composite on the same stored states at the program's server time, and asserts
+    /// identical replies and, key by key, identical stored state (or an untouched key).
+    pub fn step_composite(&mut self, checks: &[CompositeCheck<'_>], mode: Mode) -> Decided {
+        let keys = distinct_keys(checks);
+        // A key's state is read with the policy of the first check naming it.
+        let held: Vec<Held> = keys
+            .iter()
+            .map(|key| {
+                let policy = checks.iter().find(|c| c.key == *key).unwrap().policy;
+                match self.before(policy, key) {
+                    Before::Absent => Held::Absent,
+                    Before::Present(s) => Held::Present(s),
+                    Before::Incompatible => Held::Incompatible,
+                }
+            })
+            .collect();
+        let before: Vec<KeySnapshot> = keys
+            .iter()
+            .map(|key| {
+                let hash = match self.key_type(key).as_str() {
+                    "hash" => self.hash(key),
+                    _ => Vec::new(),
+                };
+                (self.dump(key), self.expire_time(key), hash)
+            })
+            .collect();
+        let replies = self.run_composite(checks, mode);
+        let server_now = replies.first().map_or(0, |r| r.server_now_ms);
+        let rust_checks: Vec<composite::Check<'_>> = checks
+            .iter()
+            .map(|c| composite::Check {
+                policy: c.policy,
+                key: keys.iter().position(|k| k == &c.key).unwrap(),
+                cost: c.cost,
+                shadow: c.shadow,
+            })
+            .collect();
+        let decided = composite::decide(&rust_checks, &held, server_now, mode);
+        assert_eq!(
+            replies, decided.replies,
+            "Lua vs Rust composite replies, {checks:?}"
+        );
+        for (i, key) in keys.iter().enumerate() {
+            let (dump_before, expiry_before, hash_before) = &before[i];
+            match decided.writes[i] {
+                Some(w) => {
+                    let policy = checks.iter().find(|c| c.key == *key).unwrap().policy;
+                    let mut expected: Vec<(String, String)> = w
+                        .state
+                        .to_hash(policy)
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v))
+                        .collect();
+                    for (k, v) in hash_before {
+                        if !expected.iter().any(|(e, _)| e == k) {
+                            expected.push((k.clone(), v.clone()));
+                        }
+                    }
+                    expected.sort();
+                    assert_eq!(self.hash(key), expected, "stored state of {key}");
+                    let pttl = self.pttl(key);
+                    assert!(
+                        pttl > 0
+                            && pttl as u64 <= w.ttl_ms
+                            && pttl as u64 + TTL_SLACK_MS >= w.ttl_ms,
+                        "PTTL {pttl} vs Rust TTL {} of {key}",
+                        w.ttl_ms
+                    );
+                }
+                None => {
+                    assert_eq!(&self.dump(key), dump_before, "{key} untouched");
+                    assert_eq!(&self.expire_time(key), expiry_before, "{key} TTL untouched");
+                }
+            }
+        }
+        decided
     }
 
     pub fn cmd<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> T {
@@ -229,4 +352,17 @@ impl Programs {
         }
         (reply, rust)
     }
+}
+
+/// A key before a run: its DUMP, its absolute expiry, its hash fields.
+type KeySnapshot = (Option<Vec<u8>>, i64, Vec<(String, String)>);
+
+fn distinct_keys<'a>(checks: &[CompositeCheck<'a>]) -> Vec<&'a str> {
+    let mut keys: Vec<&str> = Vec::new();
+    for c in checks {
+        if !keys.contains(&c.key) {
+            keys.push(c.key);
+        }
+    }
+    keys
 }

@@ -43,7 +43,9 @@ pub fn evaluate(
         Stored::Incompatible => return refuse(Status::StateIncompatible, server_now, limit),
         Stored::Absent => {}
         Stored::Present(s) => {
-            if s.last_observed_ms > MAX || s.window_id > MAX || s.consumed > limit {
+            // A count above the limit (the limit was lowered) is kept: nothing passes until
+            // the window ends.
+            if s.last_observed_ms > MAX || s.window_id > MAX || s.consumed > MAX {
                 return refuse(Status::StateIncompatible, server_now, limit);
             }
             match effective_now(server_now, s.last_observed_ms, args.max_clock_regression_ms) {
@@ -68,7 +70,7 @@ pub fn evaluate(
         server_now_ms: server_now,
         effective_now_ms: now,
         limit,
-        remaining: limit - consumed,
+        remaining: limit.saturating_sub(consumed),
         retry_after_ms: retry,
         reset_at_ms: reset_at,
     };
@@ -82,7 +84,7 @@ pub fn evaluate(
         return Evaluation { reply, write: None };
     }
 
-    let (status, retry) = if args.cost <= limit - consumed {
+    let (status, retry) = if consumed <= limit && args.cost <= limit - consumed {
         consumed += args.cost;
         (Status::Allowed, 0)
     } else {
@@ -184,13 +186,30 @@ mod tests {
 
     #[test]
     fn incompatible_and_invalid() {
-        let over = State {
+        let beyond = State {
             last_observed_ms: T0,
             window_id: T0 / 1000,
+            consumed: MAX + 1,
+        };
+        let e = evaluate(&P, &args(1), Stored::Present(&beyond), T0);
+        assert_eq!(e.reply.status, Status::StateIncompatible);
+        // Above the limit (the limit was lowered): kept, nothing passes this window.
+        let over = State {
             consumed: 4,
+            ..beyond
         };
         let e = evaluate(&P, &args(1), Stored::Present(&over), T0);
-        assert_eq!(e.reply.status, Status::StateIncompatible);
+        assert_eq!((e.reply.status, e.reply.remaining), (Status::Denied, 0));
+        let peek = evaluate(&P, &args(0), Stored::Present(&over), T0);
+        assert_eq!(
+            (peek.reply.status, peek.reply.remaining),
+            (Status::Denied, 0)
+        );
+        let next = evaluate(&P, &args(1), Stored::Present(&over), T0 + 1000);
+        assert_eq!(
+            (next.reply.status, next.reply.remaining),
+            (Status::Allowed, 2)
+        );
         let future = State {
             last_observed_ms: T0,
             window_id: T0 / 1000 + 1,

@@ -8,6 +8,7 @@
 //! 2^53 - 1, like the programs' (Lua numbers are doubles).
 #![forbid(unsafe_code)]
 
+pub mod composite;
 pub mod fixed_window;
 pub mod sliding_window;
 pub mod token_bucket;
@@ -26,6 +27,9 @@ pub enum Status {
     ClockUnsafe,
     StateIncompatible,
     Invalid,
+    /// The program ran after the deadline its caller gave it (it waited in Redis's queue):
+    /// it did nothing. Only the Redis programs answer it; the Rust mirror has no deadline.
+    Expired,
 }
 
 impl Status {
@@ -36,6 +40,7 @@ impl Status {
             Status::ClockUnsafe => "CLOCK_UNSAFE",
             Status::StateIncompatible => "STATE_INCOMPATIBLE",
             Status::Invalid => "INVALID",
+            Status::Expired => "EXPIRED",
         }
     }
 
@@ -46,6 +51,7 @@ impl Status {
             b"CLOCK_UNSAFE" => Status::ClockUnsafe,
             b"STATE_INCOMPATIBLE" => Status::StateIncompatible,
             b"INVALID" => Status::Invalid,
+            b"EXPIRED" => Status::Expired,
             _ => return None,
         })
     }

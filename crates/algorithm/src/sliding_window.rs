@@ -62,9 +62,9 @@ pub fn evaluate(
         Stored::Present(s) => {
             if s.last_observed_ms > MAX
                 || s.previous_window_id > MAX
-                || s.previous_count > limit
+                || s.previous_count > MAX_SCALED
                 || s.current_window_id > MAX
-                || s.current_count > limit
+                || s.current_count > MAX_SCALED
             {
                 return refuse(Status::StateIncompatible, server_now, limit);
             }
@@ -352,8 +352,8 @@ mod tests {
     #[test]
     fn incompatible_states() {
         for s in [
-            with(11, 0, T0),
-            with(0, 11, T0),
+            with(MAX_SCALED + 1, 0, T0),
+            with(0, MAX_SCALED + 1, T0),
             State {
                 current_window_id: W0 + 1,
                 ..with(0, 0, T0)

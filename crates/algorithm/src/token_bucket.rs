@@ -71,11 +71,7 @@ pub fn evaluate(
         Stored::Incompatible => return refuse(Status::StateIncompatible, capacity),
         Stored::Absent => {}
         Stored::Present(s) => {
-            if s.last_observed_ms > MAX
-                || s.tokens > capacity
-                || s.remainder >= period
-                || (s.tokens == capacity && s.remainder != 0)
-            {
+            if s.last_observed_ms > MAX || s.tokens > MAX || s.remainder >= period {
                 return refuse(Status::StateIncompatible, capacity);
             }
             match effective_now(server_now, s.last_observed_ms, args.max_clock_regression_ms) {
@@ -83,6 +79,10 @@ pub fn evaluate(
                 None => return refuse(Status::ClockUnsafe, capacity),
             }
             (tokens, rem, last) = (s.tokens, s.remainder, s.last_observed_ms);
+            // More tokens than the capacity (the capacity was lowered): a full bucket.
+            if tokens >= capacity {
+                (tokens, rem) = (capacity, 0);
+            }
         }
     }
 
@@ -301,21 +301,31 @@ mod tests {
 
     #[test]
     fn state_checks_and_clock() {
+        // More tokens than the capacity (it was lowered), or a remainder at capacity: a full
+        // bucket.
+        for full in [(6, 0), (5, 1), (MAX, 999)] {
+            let s = State {
+                last_observed_ms: T0,
+                tokens: full.0,
+                remainder: full.1,
+            };
+            let e = evaluate(&P, &args(1), Stored::Present(&s), T0);
+            assert_eq!(
+                (e.reply.status, e.reply.remaining),
+                (Status::Allowed, 4),
+                "{s:?}"
+            );
+        }
         for bad in [
             State {
                 last_observed_ms: T0,
-                tokens: 6,
+                tokens: MAX + 1,
                 remainder: 0,
             },
             State {
                 last_observed_ms: T0,
                 tokens: 1,
                 remainder: 1000,
-            },
-            State {
-                last_observed_ms: T0,
-                tokens: 5,
-                remainder: 1,
             },
         ] {
             let e = evaluate(&P, &args(1), Stored::Present(&bad), T0);

@@ -25,6 +25,13 @@ pub fn outcome_from_reply(
                 cause: UnavailableCause::ClockUnsafe,
             }
         }
+        Status::Expired => {
+            return RateLimitOutcome::Unavailable {
+                policy_id: policy.id().clone(),
+                retry_after: unavailable_retry_after,
+                cause: UnavailableCause::ExpiredInQueue,
+            }
+        }
         Status::StateIncompatible => {
             return RateLimitOutcome::Incompatible {
                 policy_id: policy.id().clone(),

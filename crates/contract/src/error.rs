@@ -23,6 +23,10 @@ pub enum ContractError {
     EvaluationIdUnsupported,
     #[error("the caller deadline has already passed")]
     DeadlineExpired,
+    #[error("a request must check at least one limit")]
+    NoChecks,
+    #[error("request checks {count} limits, at most {max} allowed")]
+    TooManyChecks { count: usize, max: usize },
     #[error("request for policy {request} evaluated against policy {policy}")]
     PolicyMismatch { request: String, policy: String },
 }

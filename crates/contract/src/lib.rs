@@ -2,6 +2,7 @@
 //! are, and the port every backend implements. Knows nothing of Redis, gRPC or YAML.
 #![forbid(unsafe_code)]
 
+mod composite;
 mod decision;
 mod error;
 mod outcome;
@@ -9,6 +10,7 @@ mod policy;
 mod port;
 mod request;
 
+pub use composite::{CompositeOutcome, CompositeRequest, Enforcement, LimitCheck};
 pub use decision::{Certainty, DecisionSource, RateLimitDecision};
 pub use error::ContractError;
 pub use outcome::{IncompatibleCause, IndeterminateCause, RateLimitOutcome, UnavailableCause};

@@ -54,8 +54,12 @@ impl RateLimitOutcome {
 pub enum UnavailableCause {
     /// Too many commands in flight; the request was never sent.
     AdmissionBoundReached,
-    /// The caller's deadline is shorter than the command timeout.
+    /// The caller's deadline leaves too little time for the backend to answer.
     DeadlineTooShort,
+    /// The commands already waiting would not let this one be answered within its budget.
+    Overloaded,
+    /// The command reached Redis after its deadline and did nothing.
+    ExpiredInQueue,
     /// Could not connect (refused, DNS, TLS handshake) before sending.
     ConnectFailed,
     /// The server refused the command before running it (LOADING, READONLY, BUSY, OOM, ...).
@@ -71,6 +75,8 @@ impl UnavailableCause {
         match self {
             UnavailableCause::AdmissionBoundReached => "admission_bound",
             UnavailableCause::DeadlineTooShort => "deadline_too_short",
+            UnavailableCause::Overloaded => "overloaded",
+            UnavailableCause::ExpiredInQueue => "expired_in_queue",
             UnavailableCause::ConnectFailed => "connect_failed",
             UnavailableCause::ServerRefused => "server_refused",
             UnavailableCause::ClockUnsafe => "clock_unsafe",

@@ -1,8 +1,17 @@
-//! Validation of Envoy's request against documented bounds, before any lookup or backend call.
+//! From Envoy's request to what the backend decides, in one place: validation against the
+//! documented bounds, the limits each descriptor is subject to (matching, overrides,
+//! `replaces`), their costs and their subjects.
+
+use std::borrow::Cow;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use thiserror::Error;
+
+use edgelimit_contract::{ContractError, Cost, Enforcement, LimitCheck, SubjectDigest};
+use edgelimit_policy::{Limit, PolicySet, Unit};
+
+use crate::subject::SubjectHasher;
 
 /// Limits on what one request may carry. Beyond them the call is `INVALID_ARGUMENT`.
 #[derive(Debug, Clone)]
@@ -73,6 +82,16 @@ pub enum RequestError {
         descriptor: usize,
         cost: u64,
         max: u64,
+    },
+    #[error("descriptors[{descriptor}].limit: {error}")]
+    Override {
+        descriptor: usize,
+        error: ContractError,
+    },
+    #[error("descriptors[{descriptor}]: {error}")]
+    Cost {
+        descriptor: usize,
+        error: ContractError,
     },
 }
 
@@ -153,6 +172,224 @@ pub fn descriptor_cost(request_hits: u32, descriptor: &RateLimitDescriptor) -> u
         Some(hits) => hits.value,
         None => u64::from(request_hits.max(1)),
     }
+}
+
+/// One limit a descriptor is subject to.
+#[derive(Debug, Clone)]
+pub(crate) struct Applied<'p> {
+    pub descriptor: usize,
+    pub limit: Cow<'p, Limit>,
+    pub shadow: bool,
+    pub cost: Cost,
+}
+
+/// What a request asks of the backend.
+#[derive(Debug)]
+pub(crate) struct Plan<'p> {
+    /// Every limit that applies, descriptor by descriptor, limit by limit, after `replaces`.
+    pub applied: Vec<Applied<'p>>,
+    /// Per descriptor: whether it matched an `unlimited` rule.
+    pub unlimited: Vec<bool>,
+    /// Per applied limit: its subject, and its subject under the previous secret while one
+    /// rotates.
+    subjects: Vec<(SubjectDigest, Option<SubjectDigest>)>,
+}
+
+impl Plan<'_> {
+    /// The checks to decide together, in request order: each applied limit once per subject
+    /// (twice while an HMAC secret rotates), with the index of the applied limit of each.
+    pub fn checks(&self) -> Result<(Vec<LimitCheck<'_>>, Vec<usize>), RequestError> {
+        let mut checks = Vec::with_capacity(self.applied.len());
+        let mut owner = Vec::with_capacity(self.applied.len());
+        for (index, (item, &(current, previous))) in
+            self.applied.iter().zip(&self.subjects).enumerate()
+        {
+            let enforcement = if item.shadow {
+                Enforcement::Shadow
+            } else {
+                Enforcement::Enforced
+            };
+            for subject in std::iter::once(current).chain(previous) {
+                let check = LimitCheck::new(&item.limit.policy, subject, item.cost, enforcement)
+                    .map_err(|_| RequestError::CostAboveMaximum {
+                        descriptor: item.descriptor,
+                        cost: item.cost.units(),
+                        max: item.limit.policy.max_cost(),
+                    })?;
+                checks.push(check);
+                owner.push(index);
+            }
+        }
+        Ok((checks, owner))
+    }
+}
+
+/// The hashers of the current and, while rotating, the previous HMAC secret.
+pub(crate) struct Hashers<'a> {
+    pub current: &'a SubjectHasher,
+    pub previous: Option<&'a SubjectHasher>,
+}
+
+/// Builds the plan of a validated request against `policies`.
+pub(crate) fn plan<'p>(
+    policies: &'p PolicySet,
+    request: &RateLimitRequest,
+    hashers: &Hashers<'_>,
+    global_shadow: bool,
+) -> Result<Plan<'p>, RequestError> {
+    let (applied, unlimited) = applicable_limits(policies, request, global_shadow)?;
+    // One digest per descriptor (two while a secret rotates), shared by its limits.
+    let mut per_descriptor: Vec<Option<(SubjectDigest, Option<SubjectDigest>)>> =
+        vec![None; request.descriptors.len()];
+    let subjects = applied
+        .iter()
+        .map(|item| {
+            *per_descriptor[item.descriptor].get_or_insert_with(|| {
+                digests(
+                    hashers,
+                    &request.domain,
+                    &request.descriptors[item.descriptor],
+                )
+            })
+        })
+        .collect();
+    Ok(Plan {
+        applied,
+        unlimited,
+        subjects,
+    })
+}
+
+fn digests(
+    hashers: &Hashers<'_>,
+    domain: &str,
+    descriptor: &RateLimitDescriptor,
+) -> (SubjectDigest, Option<SubjectDigest>) {
+    let entries = || {
+        descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+    };
+    (
+        hashers.current.digest(domain, entries()),
+        hashers.previous.map(|h| h.digest(domain, entries())),
+    )
+}
+
+/// Limits that apply to each descriptor, after `replaces` across the whole request, and
+/// which descriptors matched an `unlimited` rule.
+fn applicable_limits<'p>(
+    policies: &'p PolicySet,
+    request: &RateLimitRequest,
+    global_shadow: bool,
+) -> Result<(Vec<Applied<'p>>, Vec<bool>), RequestError> {
+    let mut applied = Vec::with_capacity(request.descriptors.len());
+    let mut unlimited = vec![false; request.descriptors.len()];
+    if !policies.has_domain(&request.domain) {
+        return Ok((applied, unlimited));
+    }
+    let mut replaced: Vec<&str> = Vec::new();
+    for (index, descriptor) in request.descriptors.iter().enumerate() {
+        let cost = || descriptor_cost_checked(index, request.hits_addend, descriptor);
+        if let Some(limit) = override_limit(policies, &request.domain, index, descriptor)? {
+            applied.push(Applied {
+                descriptor: index,
+                limit: Cow::Owned(limit),
+                shadow: global_shadow,
+                cost: cost()?,
+            });
+            continue;
+        }
+        let entries = descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()));
+        let Some(rule) = policies.find(&request.domain, entries) else {
+            continue;
+        };
+        unlimited[index] = rule.unlimited;
+        replaced.extend(rule.replaces.iter().map(String::as_str));
+        if rule.limits.is_empty() {
+            continue;
+        }
+        let cost = cost()?;
+        for limit in &rule.limits {
+            applied.push(Applied {
+                descriptor: index,
+                limit: Cow::Borrowed(limit),
+                shadow: rule.shadow_mode || global_shadow,
+                cost,
+            });
+        }
+    }
+    if !replaced.is_empty() {
+        applied.retain(|a| {
+            a.limit
+                .name
+                .as_deref()
+                .is_none_or(|name| !replaced.contains(&name))
+        });
+    }
+    // A cost the limit does not accept is the caller's error, named for its descriptor.
+    for a in &applied {
+        let max = a.limit.policy.max_cost();
+        if a.cost.units() > max {
+            return Err(RequestError::CostAboveMaximum {
+                descriptor: a.descriptor,
+                cost: a.cost.units(),
+                max,
+            });
+        }
+    }
+    Ok((applied, unlimited))
+}
+
+fn descriptor_cost_checked(
+    index: usize,
+    request_hits: u32,
+    descriptor: &RateLimitDescriptor,
+) -> Result<Cost, RequestError> {
+    match descriptor_cost(request_hits, descriptor) {
+        0 => Ok(Cost::Peek),
+        n => Cost::consume(n).map_err(|error| RequestError::Cost {
+            descriptor: index,
+            error,
+        }),
+    }
+}
+
+fn override_limit(
+    policies: &PolicySet,
+    domain: &str,
+    index: usize,
+    descriptor: &RateLimitDescriptor,
+) -> Result<Option<Limit>, RequestError> {
+    let Some(limit) = &descriptor.limit else {
+        return Ok(None);
+    };
+    // envoy.type.v3.RateLimitUnit: the override has no WEEK.
+    let unit = match limit.unit {
+        1 => Unit::Second,
+        2 => Unit::Minute,
+        3 => Unit::Hour,
+        4 => Unit::Day,
+        5 => Unit::Month,
+        6 => Unit::Year,
+        other => {
+            return Err(RequestError::OverrideUnit {
+                descriptor: index,
+                unit: other,
+            })
+        }
+    };
+    policies
+        .override_limit(domain, u64::from(limit.requests_per_unit), unit)
+        .map(Some)
+        .map_err(|error| RequestError::Override {
+            descriptor: index,
+            error,
+        })
 }
 
 #[cfg(test)]

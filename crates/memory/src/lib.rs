@@ -17,9 +17,10 @@ mod store;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use edgelimit_algorithm::{self as algorithm, ProgramReply, Status, Stored};
+use edgelimit_algorithm::composite::{self, Held, Mode};
+use edgelimit_algorithm::{self as algorithm, outcome_from_reply, ProgramReply, Stored};
 use edgelimit_contract::{
-    Algorithm, BackendReadiness, Certainty, DecisionSource, IncompatibleCause, RateLimitDecision,
+    BackendReadiness, CompositeOutcome, CompositeRequest, DecisionSource, IncompatibleCause,
     RateLimitOutcome, RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
 };
 use store::{Entry, Key, Store};
@@ -169,6 +170,19 @@ impl MemoryBackend {
             }
         }
         self.capacity_rejections.fetch_add(1, Ordering::Relaxed);
+        self.capacity_exhausted(policy)
+    }
+
+    fn outcome(&self, policy: &RateLimitPolicy, reply: ProgramReply) -> RateLimitOutcome {
+        outcome_from_reply(
+            &reply,
+            policy,
+            DecisionSource::LocalMemory,
+            self.config.retry_after,
+        )
+    }
+
+    fn capacity_exhausted(&self, policy: &RateLimitPolicy) -> RateLimitOutcome {
         RateLimitOutcome::Unavailable {
             policy_id: policy.id().clone(),
             retry_after: self.config.retry_after,
@@ -176,48 +190,114 @@ impl MemoryBackend {
         }
     }
 
-    fn outcome(&self, policy: &RateLimitPolicy, reply: ProgramReply) -> RateLimitOutcome {
-        let policy_id = policy.id().clone();
-        match reply.status {
-            Status::Allowed | Status::Denied => RateLimitOutcome::Evaluated(RateLimitDecision {
-                allowed: reply.status == Status::Allowed,
-                limit: reply.limit,
-                remaining: reply.remaining,
-                retry_after: Duration::from_millis(reply.retry_after_ms),
-                reset_at_ms: reply.reset_at_ms,
-                decided_at_ms: reply.effective_now_ms,
-                policy_id,
-                policy_revision: policy.revision(),
-                source: DecisionSource::LocalMemory,
-                certainty: match policy.algorithm() {
-                    Algorithm::SlidingWindow => Certainty::ApproximateAlgorithm,
-                    Algorithm::FixedWindow | Algorithm::TokenBucket => Certainty::Certain,
-                },
-            }),
-            Status::ClockUnsafe => RateLimitOutcome::Unavailable {
-                policy_id,
-                retry_after: self.config.retry_after,
-                cause: UnavailableCause::ClockUnsafe,
-            },
-            Status::StateIncompatible => RateLimitOutcome::Incompatible {
-                policy_id,
-                cause: IncompatibleCause::StateIncompatible,
-            },
-            Status::Invalid => RateLimitOutcome::Incompatible {
-                policy_id,
-                cause: IncompatibleCause::InvalidArguments,
-            },
+    /// Every limit of one request, decided together (`algorithm::composite`): the shards of
+    /// its keys are locked in ascending order (never nested otherwise, so never a deadlock),
+    /// the states read, decided, and — when admitted — written back, all under the locks.
+    pub fn decide_all(&self, request: &CompositeRequest<'_>) -> CompositeOutcome {
+        let checks = request.checks();
+        let mut keys: Vec<Key> = Vec::with_capacity(checks.len());
+        let mut key_of = Vec::with_capacity(checks.len());
+        for check in checks {
+            let key = Key {
+                policy: check.policy().id().clone(),
+                revision: check.policy().revision(),
+                subject: *check.subject(),
+            };
+            let index = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+                keys.push(key);
+                keys.len() - 1
+            });
+            key_of.push(index);
         }
+        let mut shards: Vec<usize> = keys.iter().map(|k| Store::shard_of(&k.subject)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let program_checks: Vec<composite::Check<'_>> = checks
+            .iter()
+            .zip(&key_of)
+            .map(|(check, &key)| composite::Check {
+                policy: check.policy(),
+                key,
+                cost: check.cost().units(),
+                shadow: check.is_shadow(),
+            })
+            .collect();
+
+        // The second attempt follows a sweep of every shard when the cap was reached.
+        for attempt in 0..2 {
+            let mut locked: Vec<_> = shards.iter().map(|&i| self.store.lock(i)).collect();
+            let shard_slot = |key: &Key| {
+                let shard = Store::shard_of(&key.subject);
+                shards.iter().position(|&s| s == shard).unwrap_or(0)
+            };
+            // Read under the locks: see `decide`.
+            let now = self.clock.now_ms();
+            for l in locked.iter_mut() {
+                l.maybe_sweep(now);
+            }
+            let held: Vec<Held> = keys
+                .iter()
+                .map(|key| {
+                    match locked[shard_slot(key)]
+                        .shard
+                        .map
+                        .get(key)
+                        .and_then(|e| e.live(now))
+                    {
+                        Some(state) => Held::Present(*state),
+                        None => Held::Absent,
+                    }
+                })
+                .collect();
+            let decided = composite::decide(&program_checks, &held, now, Mode::Commit);
+            // Keys not in the map take a place in the cap (an expired entry still holds one).
+            let new_subjects = decided
+                .writes
+                .iter()
+                .zip(&keys)
+                .filter(|(w, key)| {
+                    w.is_some() && !locked[shard_slot(key)].shard.map.contains_key(*key)
+                })
+                .count();
+            if self.store.reserve_many(new_subjects) {
+                for (key, write) in keys.iter().zip(&decided.writes) {
+                    let Some(w) = write else { continue };
+                    let l = &mut locked[shard_slot(key)];
+                    let expires_at_ms = now.saturating_add(w.ttl_ms);
+                    l.put(key.clone(), w.state, expires_at_ms);
+                }
+                return CompositeOutcome::new(
+                    checks
+                        .iter()
+                        .zip(decided.replies)
+                        .map(|(check, reply)| self.outcome(check.policy(), reply))
+                        .collect(),
+                );
+            }
+            drop(locked);
+            if attempt > 0 || self.store.sweep_others(now, None) == 0 {
+                break;
+            }
+        }
+        self.capacity_rejections.fetch_add(1, Ordering::Relaxed);
+        CompositeOutcome::uniform(request, |policy| self.capacity_exhausted(policy))
     }
 }
 
 impl RateLimitPort for MemoryBackend {
+    fn evaluate_all(
+        &self,
+        request: &CompositeRequest<'_>,
+    ) -> impl std::future::Future<Output = CompositeOutcome> + Send {
+        // Nothing to wait for: decide now, hand back a ready future.
+        std::future::ready(self.decide_all(request))
+    }
+
     fn evaluate(
         &self,
         policy: &RateLimitPolicy,
         request: &RateLimitRequest,
     ) -> impl std::future::Future<Output = RateLimitOutcome> + Send {
-        // Nothing to wait for: decide now, hand back a ready future.
         std::future::ready(self.decide(policy, request))
     }
 

@@ -119,6 +119,17 @@ impl Store {
             .is_ok()
     }
 
+    /// Takes `n` units of the global cap at once, or none; false when they do not fit.
+    pub fn reserve_many(&self, n: usize) -> bool {
+        n == 0
+            || self
+                .tracked
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| {
+                    (t.checked_add(n)? <= self.max_subjects).then_some(t + n)
+                })
+                .is_ok()
+    }
+
     /// Sweeps every shard except `skip` that may hold expired entries. Never called with a
     /// shard locked, so shard locks are never nested.
     pub fn sweep_others(&self, now_ms: u64, skip: Option<usize>) -> usize {
@@ -174,6 +185,27 @@ impl Locked<'_> {
             self.slot
                 .earliest_expiry
                 .store(expires_at_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Stores `state` under `key`, whose place in the cap was already taken when it is new
+    /// ([`Store::reserve_many`]).
+    pub fn put(&mut self, key: Key, state: State, expires_at_ms: u64) {
+        self.note_expiry(expires_at_ms);
+        match self.shard.map.get_mut(&key) {
+            Some(entry) => {
+                entry.state = state;
+                entry.expires_at_ms = expires_at_ms;
+            }
+            None => {
+                self.shard.map.insert(
+                    key,
+                    Entry {
+                        state,
+                        expires_at_ms,
+                    },
+                );
+            }
         }
     }
 

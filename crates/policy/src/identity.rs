@@ -46,25 +46,24 @@ pub(crate) fn path_slug(domain: &str, path: &[PathLevel<'_>]) -> String {
     format!("r{}", hex::encode(&digest[..6]))
 }
 
-/// Everything a limit's state depends on; any change yields a new revision.
+/// What a limit's stored state *means*: the rule it belongs to, its algorithm and the period
+/// its counts or refills refer to. A change of any of these yields a new revision, so the
+/// limit starts from a fresh key; a new number (requests per window, refill rate, burst) or a
+/// new bound (`max_cost`, cleanup grace, clock regression) keeps the revision and the counter
+/// (the programs clamp a count above a lowered limit, or tokens above a lowered capacity).
 pub(crate) struct RevisionInput<'a> {
     pub id: &'a str,
     pub domain: &'a str,
     pub path: &'a [PathLevel<'a>],
     pub params: &'a AlgorithmParams,
-    pub max_cost: u64,
-    pub cleanup_grace_ms: u64,
-    pub max_clock_regression_ms: u64,
 }
 
 pub(crate) fn revision(input: &RevisionInput<'_>) -> u64 {
-    let mut c = Canon::new("edgelimit.policy-revision.v1");
+    let mut c = Canon::new("edgelimit.state-revision.v1");
     c.str(input.id);
     c.path(input.domain, input.path);
-    c.params(input.params);
-    c.u64(input.max_cost);
-    c.u64(input.cleanup_grace_ms);
-    c.u64(input.max_clock_regression_ms);
+    c.str(input.params.algorithm().as_str());
+    c.u64(input.params.period_ms());
     first_u64(&c.finish())
 }
 
@@ -126,26 +125,6 @@ impl Canon {
                     self.str(v);
                 }
                 None => self.0.update([0]),
-            }
-        }
-    }
-
-    fn params(&mut self, params: &AlgorithmParams) {
-        self.str(params.algorithm().as_str());
-        match *params {
-            AlgorithmParams::FixedWindow { limit, window_ms }
-            | AlgorithmParams::SlidingWindow { limit, window_ms } => {
-                self.u64(limit);
-                self.u64(window_ms);
-            }
-            AlgorithmParams::TokenBucket {
-                capacity,
-                refill_tokens,
-                refill_period_ms,
-            } => {
-                self.u64(capacity);
-                self.u64(refill_tokens);
-                self.u64(refill_period_ms);
             }
         }
     }

@@ -526,9 +526,6 @@ impl SetBuilder<'_> {
             domain: walk.domain,
             path,
             params: &params,
-            max_cost,
-            cleanup_grace_ms: self.options.cleanup_grace_ms,
-            max_clock_regression_ms: self.options.max_clock_regression_ms,
         });
         let policy = match RateLimitPolicy::new(
             id,

@@ -646,7 +646,7 @@ fn revision_of(yaml: &str, entries: &[(&str, &str)]) -> u64 {
 }
 
 #[test]
-fn revisions_are_stable_and_roll_on_any_change() {
+fn revisions_roll_when_the_state_changes_meaning_and_keep_when_only_a_number_changes() {
     let base = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: other\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
     let r0 = revision_of(base, &[("k", "v")]);
     assert_eq!(
@@ -655,8 +655,8 @@ fn revisions_are_stable_and_roll_on_any_change() {
         "stable across reloads"
     );
     assert_eq!(ok(base).revision(), ok(base).revision());
-    let changes = [
-        base.replace("requests_per_unit: 5", "requests_per_unit: 6"),
+    // A new window length or algorithm: the old counts mean something else, start fresh.
+    let new_meaning = [
         base.replacen("unit: second", "unit: minute", 1),
         base.replace(
             "requests_per_unit: 5}",
@@ -664,15 +664,23 @@ fn revisions_are_stable_and_roll_on_any_change() {
         ),
         base.replace(
             "requests_per_unit: 5}",
-            "requests_per_unit: 5, max_cost: 7}",
-        ),
-        base.replace(
-            "requests_per_unit: 5}",
             "requests_per_unit: 5, unit_multiplier: 2}",
         ),
     ];
-    for changed in &changes {
+    for changed in &new_meaning {
         assert_ne!(r0, revision_of(changed, &[("k", "v")]), "{changed}");
+        assert_ne!(ok(base).revision(), ok(changed).revision());
+    }
+    // A new number or bound: same state, the counter is kept (the set's revision moves).
+    let same_meaning = [
+        base.replace("requests_per_unit: 5", "requests_per_unit: 6"),
+        base.replace(
+            "requests_per_unit: 5}",
+            "requests_per_unit: 5, max_cost: 7}",
+        ),
+    ];
+    for changed in &same_meaning {
+        assert_eq!(r0, revision_of(changed, &[("k", "v")]), "{changed}");
         assert_ne!(ok(base).revision(), ok(changed).revision());
     }
     let tb = base.replace(
@@ -681,25 +689,27 @@ fn revisions_are_stable_and_roll_on_any_change() {
     );
     let tb_burst = base.replace(
         "requests_per_unit: 5}",
-        "requests_per_unit: 5, algorithm: token_bucket, burst: 9}",
+        "requests_per_unit: 9, algorithm: token_bucket, burst: 9}",
     );
-    assert_ne!(
+    assert_eq!(
         revision_of(&tb, &[("k", "v")]),
-        revision_of(&tb_burst, &[("k", "v")])
+        revision_of(&tb_burst, &[("k", "v")]),
+        "a new rate or burst keeps the bucket"
     );
+    assert_ne!(revision_of(&tb, &[("k", "v")]), r0, "another algorithm");
     // Changing another rule, comments or order leaves this rule's revision alone.
     let other_changed = base.replace("requests_per_unit: 1", "requests_per_unit: 2");
     assert_eq!(r0, revision_of(&other_changed, &[("k", "v")]));
     let commented = format!("# comment\n{base}");
     assert_eq!(r0, revision_of(&commented, &[("k", "v")]));
-    // Load options are part of the revision too.
+    // Load options bound the evaluation, they do not change what the state means.
     let graceful = LoadOptions {
         cleanup_grace_ms: 1,
         ..opts()
     };
     let set =
         PolicySet::from_sources(vec![(PathBuf::from("t.yaml"), base.into())], &graceful).unwrap();
-    assert_ne!(
+    assert_eq!(
         r0,
         set.find("d", [("k", "v")]).unwrap().limits[0]
             .policy

@@ -47,13 +47,22 @@ pub struct ConnectionSettings {
     pub health_check_interval: Duration,
     pub health_check_timeout: Duration,
     pub max_backoff: Duration,
+    /// Program sources loaded (`SCRIPT LOAD`) on every new connection before it is used, so
+    /// a burst after a start, restart or failover does not become a storm of NOSCRIPT resends
+    /// of the whole source. A failure here is logged; the NOSCRIPT fallback still applies.
+    pub preload: Vec<&'static str>,
 }
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 
 impl Connections {
-    /// Starts the slots' tasks; connections come up in the background.
-    pub fn start(connector: Arc<Connector>, settings: ConnectionSettings) -> Self {
+    /// Starts the slots' tasks on `runtime` (the backend's I/O thread); connections come up
+    /// in the background, and their drivers run there too.
+    pub fn start(
+        connector: Arc<Connector>,
+        settings: ConnectionSettings,
+        runtime: &tokio::runtime::Handle,
+    ) -> Self {
         let slots: Arc<[Arc<Slot>]> = (0..settings.count.max(1))
             .map(|_| {
                 Arc::new(Slot {
@@ -64,7 +73,7 @@ impl Connections {
             .collect();
         let tasks = (0..slots.len())
             .map(|index| {
-                tokio::spawn(maintain(
+                runtime.spawn(maintain(
                     connector.clone(),
                     index,
                     slots.clone(),
@@ -141,6 +150,7 @@ async fn maintain(
     loop {
         match connector.connect(settings.connect_timeout).await {
             Ok(link) => {
+                preload(&link, &settings.preload, settings.connect_timeout).await;
                 let live = Arc::new(Live {
                     link,
                     slot: index,
@@ -185,6 +195,24 @@ async fn maintain(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(settings.max_backoff);
             }
+        }
+    }
+}
+
+async fn preload(link: &Link, sources: &[&'static str], timeout: Duration) {
+    for source in sources {
+        let mut link = link.clone();
+        let mut load = ::redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(*source);
+        match tokio::time::timeout(timeout, link.send(&load)).await {
+            Ok(Ok(::redis::Value::ServerError(error))) => {
+                tracing::warn!(?error, "SCRIPT LOAD refused; programs load on first use")
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "SCRIPT LOAD failed; programs load on first use")
+            }
+            Err(_) => tracing::warn!("SCRIPT LOAD timed out; programs load on first use"),
         }
     }
 }

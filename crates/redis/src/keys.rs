@@ -1,9 +1,13 @@
 //! Physical state keys. The canonical form is
-//! `<prefix>rate:<policyId>:state:{<digest>}` where digest = SHA-256 over the length-prefixed
-//! (policyId, revision, algorithm, subjectDigest), truncated to 128 bits. The subject digest is
-//! already an HMAC, so no raw descriptor value can reach a key; the revision rolls keys when a
-//! policy changes. The braces make the digest the Redis Cluster hash tag, spreading subjects
-//! over slots while each program touches exactly one.
+//! `<prefix>rate:<policyId>:state:{<subject tag>}<digest>` where digest = SHA-256 over the
+//! length-prefixed (policyId, state revision, algorithm, subjectDigest), truncated to 128 bits,
+//! and the subject tag = SHA-256 over the length-prefixed ("slot", subjectDigest), truncated to
+//! 64 bits. The subject digest is already an HMAC, so no raw descriptor value can reach a key;
+//! the state revision rolls keys when a change alters what the state means.
+//!
+//! The braces make the subject tag the Redis Cluster hash tag: subjects spread over slots,
+//! while every limit of one subject (a rule's `rate_limits`, the same descriptor twice) shares
+//! one slot, so the composite program decides them in one atomic call on Cluster too.
 
 use sha2::{Digest, Sha256};
 
@@ -37,17 +41,34 @@ impl KeyBuilder {
             hasher.update(part);
         }
         let digest = hasher.finalize();
-        let mut key = String::with_capacity(self.prefix.len() + policy.id().as_str().len() + 50);
+        let mut key = String::with_capacity(self.prefix.len() + policy.id().as_str().len() + 64);
         key.push_str(&self.prefix);
         key.push_str("rate:");
         key.push_str(policy.id().as_str());
         key.push_str(":state:{");
-        for byte in &digest[..16] {
-            key.push(char::from(HEX[usize::from(byte >> 4)]));
-            key.push(char::from(HEX[usize::from(byte & 0xf)]));
-        }
+        push_hex(&mut key, &subject_tag(subject));
         key.push('}');
+        push_hex(&mut key, &digest[..16]);
         key
+    }
+}
+
+/// 64 bits identifying the subject alone: the Cluster hash tag of all its keys.
+fn subject_tag(subject: &SubjectDigest) -> [u8; 8] {
+    let mut hasher = Sha256::new();
+    for part in [&b"slot"[..], subject.as_bytes()] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    let mut tag = [0u8; 8];
+    tag.copy_from_slice(&hasher.finalize()[..8]);
+    tag
+}
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    for byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
 }
 
@@ -85,10 +106,14 @@ mod tests {
             hasher.update((part.len() as u64).to_be_bytes());
             hasher.update(part);
         }
-        let expected = format!(
-            "x:rate:edge.r1:state:{{{}}}",
-            hex::encode(&hasher.finalize()[..16])
-        );
+        let digest = hex::encode(&hasher.finalize()[..16]);
+        let mut tag = Sha256::new();
+        for part in [&b"slot"[..], &[0xfe; 32]] {
+            tag.update((part.len() as u64).to_be_bytes());
+            tag.update(part);
+        }
+        let tag = hex::encode(&tag.finalize()[..8]);
+        let expected = format!("x:rate:edge.r1:state:{{{tag}}}{digest}");
         assert_eq!(KeyBuilder::new("x:").state_key(&p, &subject), expected);
     }
 
@@ -97,10 +122,15 @@ mod tests {
         let subject = SubjectDigest::from_bytes([0x41; 32]);
         let key = KeyBuilder::default().state_key(&policy(1, FW), &subject);
         assert!(key.starts_with("edgelimit:rate:edge.r1:state:{"), "{key}");
-        assert!(key.ends_with('}'));
-        let tag = &key[key.find('{').unwrap() + 1..key.len() - 1];
-        assert_eq!(tag.len(), 32);
-        assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
+        let (open, close) = (key.find('{').unwrap(), key.find('}').unwrap());
+        let tag = &key[open + 1..close];
+        assert_eq!(tag.len(), 16);
+        let digest = &key[close + 1..];
+        assert_eq!(digest.len(), 32);
+        assert!(tag
+            .bytes()
+            .chain(digest.bytes())
+            .all(|b| b.is_ascii_hexdigit()));
         assert!(!key.contains(&hex::encode(subject.as_bytes())));
     }
 
@@ -119,5 +149,20 @@ mod tests {
         };
         assert_ne!(base, keys.state_key(&policy(1, sliding), &s1));
         assert_eq!(base, keys.state_key(&policy(1, FW), &s1), "deterministic");
+    }
+
+    #[test]
+    fn every_limit_of_a_subject_shares_its_slot() {
+        let keys = KeyBuilder::default();
+        let s1 = SubjectDigest::from_bytes([1; 32]);
+        let other =
+            RateLimitPolicy::new(PolicyId::new("edge.r2").unwrap(), 9, FW, 1, 0, 0).unwrap();
+        let a = keys.state_key(&policy(1, FW), &s1);
+        let b = keys.state_key(&other, &s1);
+        assert_ne!(a, b);
+        assert_eq!(crate::key_slot(a.as_bytes()), crate::key_slot(b.as_bytes()));
+        let s2 = SubjectDigest::from_bytes([2; 32]);
+        let c = keys.state_key(&policy(1, FW), &s2);
+        assert_ne!(crate::key_slot(a.as_bytes()), crate::key_slot(c.as_bytes()));
     }
 }

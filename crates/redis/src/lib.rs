@@ -1,38 +1,57 @@
-//! Redis backend: keys, the atomic Lua programs, reply parsing and failure certainty.
+//! Redis backend: keys, the atomic Lua programs, reply parsing, admission and failure
+//! certainty.
+//!
+//! Every limit of one request is decided by one program call where its keys share a Cluster
+//! slot (always, outside Cluster): the single-key program for a request of one limit, the
+//! composite program otherwise. On Cluster, keys of several slots are decided in two phases:
+//! a read-only check of every slot group, then one atomic commit per group (see README,
+//! Guarantees).
 #![forbid(unsafe_code)]
 
+mod admission;
 mod classify;
 mod connect;
 mod connections;
+mod io;
 mod keys;
 mod programs;
 mod reply;
 mod settings;
+mod slot;
 mod tls;
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::Semaphore;
+use ::redis::Value;
+use futures_util::future::join_all;
 
-use edgelimit_algorithm::outcome_from_reply;
+use edgelimit_algorithm::composite::Mode;
+use edgelimit_algorithm::{outcome_from_reply, ProgramReply, Status};
 use edgelimit_contract::{
-    BackendReadiness, DecisionSource, IncompatibleCause, IndeterminateCause, RateLimitOutcome,
-    RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
+    BackendReadiness, CompositeOutcome, CompositeRequest, DecisionSource, IncompatibleCause,
+    IndeterminateCause, LimitCheck, RateLimitOutcome, RateLimitPolicy, RateLimitPort,
+    UnavailableCause,
 };
 
+pub use admission::Admission;
 pub use classify::{breaks_connection, classify, Failure};
 pub use connections::ConnectionSettings;
 pub use keys::KeyBuilder;
-pub use programs::invocation;
-pub use programs::{program_args, program_source, Program, Programs};
-pub use reply::{parse as parse_reply, ReplyError};
+pub use programs::{
+    composite_invocation, composite_source, invocation, program_args, program_source,
+    CompositeCheck, Program, Programs,
+};
+pub use reply::{parse as parse_reply, parse_many as parse_replies, ReplyError};
 pub use settings::{
     Redacted, RedisSettings, RedisSetupError, Secret, SentinelSettings, TlsFiles, Topology,
 };
+pub use slot::key_slot;
 
 use connect::Connector;
 use connections::Connections;
+use io::{IoThread, Sent};
 
 /// How often an idle connection is PINGed (and at once after a command timed out on it).
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,10 +61,153 @@ pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
 
 pub struct RedisBackend {
     connections: Connections,
-    admission: Arc<Semaphore>,
+    io: IoThread,
+    /// Redis's clock minus this host's, in ms, as the last reply showed it (`i64::MIN`:
+    /// unknown). Biased early by the reply's transit, which only makes deadlines stricter.
+    clock_offset_ms: AtomicI64,
+    admission: Admission,
     keys: KeyBuilder,
     programs: Programs,
     settings: RedisSettings,
+}
+
+/// What one program call carries.
+enum Call<'a> {
+    /// One limit: the algorithm's single-key program.
+    Single {
+        key: &'a str,
+        policy: &'a RateLimitPolicy,
+        cost: u64,
+    },
+    /// Several limits whose keys share one slot: the composite program.
+    Composite {
+        mode: Mode,
+        keys: Vec<&'a str>,
+        checks: Vec<CompositeCheck<'a>>,
+    },
+}
+
+impl Call<'_> {
+    fn program<'p>(&self, programs: &'p Programs) -> &'p Program {
+        match self {
+            Call::Single { policy, .. } => programs.for_algorithm(policy.algorithm()),
+            Call::Composite { .. } => programs.composite(),
+        }
+    }
+
+    fn command(
+        &self,
+        program: &Program,
+        with_source: bool,
+        deadline_ms: Option<u64>,
+    ) -> ::redis::Cmd {
+        match self {
+            Call::Single { key, policy, cost } => {
+                invocation(program, with_source, key, policy, *cost, deadline_ms)
+            }
+            Call::Composite { mode, keys, checks } => {
+                composite_invocation(program, with_source, *mode, keys, checks, deadline_ms)
+            }
+        }
+    }
+
+    fn parse(&self, value: &Value) -> Result<Vec<ProgramReply>, ReplyError> {
+        match self {
+            Call::Single { policy, .. } => reply::parse(value, policy).map(|r| vec![r]),
+            Call::Composite { checks, .. } => {
+                let policies: Vec<&RateLimitPolicy> = checks.iter().map(|c| c.policy).collect();
+                reply::parse_many(value, &policies)
+            }
+        }
+    }
+}
+
+/// A request's keys, and how its checks are grouped into calls: one group per Cluster slot
+/// (one group outside Cluster).
+struct Plan {
+    keys: Vec<String>,
+    /// Per check, the index of its key.
+    key_of: Vec<usize>,
+    /// Per group, the indices of its checks, in request order.
+    groups: Vec<Vec<usize>>,
+}
+
+impl Plan {
+    fn new(keys: &KeyBuilder, checks: &[LimitCheck<'_>], by_slot: bool) -> Self {
+        let mut plan = Plan {
+            keys: Vec::with_capacity(checks.len()),
+            key_of: Vec::with_capacity(checks.len()),
+            groups: Vec::new(),
+        };
+        let mut group_slots: Vec<u16> = Vec::new();
+        for (index, check) in checks.iter().enumerate() {
+            let key = keys.state_key(check.policy(), check.subject());
+            let key_index = match plan.keys.iter().position(|k| *k == key) {
+                Some(i) => i,
+                None => {
+                    plan.keys.push(key);
+                    plan.keys.len() - 1
+                }
+            };
+            plan.key_of.push(key_index);
+            let slot = if by_slot {
+                key_slot(plan.keys[key_index].as_bytes())
+            } else {
+                0
+            };
+            match group_slots.iter().position(|&s| s == slot) {
+                Some(g) => plan.groups[g].push(index),
+                None => {
+                    group_slots.push(slot);
+                    plan.groups.push(vec![index]);
+                }
+            }
+        }
+        plan
+    }
+
+    /// The program call deciding one group's checks.
+    fn call<'a>(&'a self, checks: &'a [LimitCheck<'a>], group: &[usize], mode: Mode) -> Call<'a> {
+        // One limit alone: the single-key program decides it the same way (a shadow limit
+        // consumes exactly when it allows, as in the composite program).
+        if let ([only], Mode::Commit) = (group, mode) {
+            let check = &checks[*only];
+            return Call::Single {
+                key: &self.keys[self.key_of[*only]],
+                policy: check.policy(),
+                cost: check.cost().units(),
+            };
+        }
+        // The group's keys, numbered in order of first use.
+        let mut keys: Vec<&str> = Vec::new();
+        let mut local: Vec<(usize, usize)> = Vec::new();
+        let calls = group
+            .iter()
+            .map(|&i| {
+                let global = self.key_of[i];
+                let key = match local.iter().find(|(g, _)| *g == global) {
+                    Some(&(_, l)) => l,
+                    None => {
+                        keys.push(&self.keys[global]);
+                        local.push((global, keys.len() - 1));
+                        keys.len() - 1
+                    }
+                };
+                let check = &checks[i];
+                CompositeCheck {
+                    key,
+                    policy: check.policy(),
+                    cost: check.cost().units(),
+                    shadow: check.is_shadow(),
+                }
+            })
+            .collect();
+        Call::Composite {
+            mode,
+            keys,
+            checks: calls,
+        }
+    }
 }
 
 impl RedisBackend {
@@ -54,6 +216,9 @@ impl RedisBackend {
     pub fn start(settings: RedisSettings) -> Result<Self, RedisSetupError> {
         settings.validate()?;
         let connector = Arc::new(Connector::build(&settings)?);
+        let io =
+            IoThread::start().map_err(|e| RedisSetupError::Client(format!("I/O thread: {e}")))?;
+        let programs = Programs::load();
         let connections = Connections::start(
             connector,
             ConnectionSettings {
@@ -62,13 +227,17 @@ impl RedisBackend {
                 health_check_interval: HEALTH_CHECK_INTERVAL,
                 health_check_timeout: settings.connect_timeout,
                 max_backoff: MAX_RECONNECT_BACKOFF,
+                preload: programs.all().iter().map(|p| p.source).collect(),
             },
+            io.handle(),
         );
         Ok(Self {
             connections,
-            admission: Arc::new(Semaphore::new(settings.max_in_flight.max(1))),
+            io,
+            clock_offset_ms: AtomicI64::new(i64::MIN),
+            admission: Admission::new(settings.max_in_flight),
             keys: KeyBuilder::new(settings.key_prefix.clone()),
-            programs: Programs::load(),
+            programs,
             settings,
         })
     }
@@ -90,19 +259,19 @@ impl RedisBackend {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.settings.max_in_flight.max(1) - self.admission.available_permits()
+        self.admission.in_flight()
     }
 
     pub fn live_connections(&self) -> usize {
         self.connections.live_count()
     }
 
-    fn unavailable(&self, policy: &RateLimitPolicy, cause: UnavailableCause) -> RateLimitOutcome {
-        self.failure(policy, Failure::Unavailable(cause))
+    fn is_cluster(&self) -> bool {
+        matches!(self.settings.topology, Topology::Cluster { .. })
     }
 
-    fn failure(&self, policy: &RateLimitPolicy, failure: Failure) -> RateLimitOutcome {
-        let outcome = match failure {
+    fn failure_outcome(&self, policy: &RateLimitPolicy, failure: Failure) -> RateLimitOutcome {
+        match failure {
             Failure::Unavailable(cause) => RateLimitOutcome::Unavailable {
                 policy_id: policy.id().clone(),
                 retry_after: self.settings.retry_after,
@@ -117,44 +286,56 @@ impl RedisBackend {
                 policy_id: policy.id().clone(),
                 cause,
             },
-        };
-        counted(outcome)
+        }
     }
 
-    async fn run(
+    /// Sends one program call and parses its replies, within `deadline` (the caller's, which
+    /// the command timeout may shorten). Refused before sending when it could not be answered
+    /// in time.
+    async fn dispatch(
         &self,
-        policy: &RateLimitPolicy,
-        request: &RateLimitRequest,
+        call: &Call<'_>,
         deadline: Instant,
-    ) -> RateLimitOutcome {
+    ) -> Result<Vec<ProgramReply>, Failure> {
+        let ticket = self
+            .admission
+            .admit(deadline, self.settings.command_timeout)
+            .await
+            .map_err(Failure::Unavailable)?;
+        let budget = ticket.budget;
         // No live connection: nothing is sent, so nothing can have changed.
         let Some(live) = self.connections.pick() else {
-            return self.unavailable(policy, UnavailableCause::ConnectFailed);
+            return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
         };
-        let program = self.programs.for_algorithm(policy.algorithm());
-        let key = self.keys.state_key(policy, request.subject());
-        let mut link = live.link.clone();
+        let program = call.program(&self.programs);
         let started = Instant::now();
+        let command_deadline = started + budget;
+        let deadline_ms = self.redis_deadline(budget);
         let mut sent_source = false;
-        let result = loop {
-            let cmd = programs::invocation(program, sent_source, &key, policy, request);
-            // Server error replies arrive as values; `extract_error` makes them errors. The
-            // EVALSHA and the one resend share the command deadline.
-            let sent = tokio::time::timeout_at(deadline.into(), async {
-                link.send(&cmd).await?.extract_error()
-            })
-            .await;
+        let (result, finished) = loop {
+            // The EVALSHA and the one resend share the command deadline.
+            let cmd = call.command(program, sent_source, deadline_ms);
+            let (sent, finished) = self.io.send(live.link.clone(), cmd, command_deadline).await;
             match sent {
-                Err(_) => {
+                Sent::TimedOut => {
                     // The command may sit in Redis's input buffer and run later: uncertain.
                     // A paused or half-open server is found by an immediate health check.
                     self.connections.suspect(&live);
-                    break Err(Failure::Indeterminate(IndeterminateCause::Timeout));
+                    break (
+                        Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
+                        finished,
+                    );
                 }
-                Ok(Ok(value)) => break Ok(value),
+                Sent::Lost => {
+                    break (
+                        Err(Failure::Indeterminate(IndeterminateCause::ConnectionLost)),
+                        finished,
+                    )
+                }
+                Sent::Reply(Ok(value)) => break (Ok(value), finished),
                 // Scripts are not replicated (Redis 7+) and vanish on restart or SCRIPT FLUSH:
                 // resend the exact source once. NOSCRIPT proves nothing ran.
-                Ok(Err(error))
+                Sent::Reply(Err(error))
                     if !sent_source
                         && error.kind()
                             == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
@@ -162,77 +343,191 @@ impl RedisBackend {
                     metrics::counter!("edgelimit_redis_noscript_reloads_total", "program" => program.name).increment(1);
                     sent_source = true;
                 }
-                Ok(Err(error)) => {
+                Sent::Reply(Err(error)) => {
                     let failure = classify(&error);
                     if live.link.broken_by(&error) {
                         self.connections.mark_broken(&live);
                     }
                     tracing::debug!(%error, ?failure, "redis command failed");
-                    break Err(failure);
+                    break (Err(failure), finished);
                 }
             }
         };
+        let latency = finished.saturating_duration_since(started);
+        ticket.finish(latency);
         metrics::histogram!("edgelimit_redis_command_seconds", "program" => program.name)
-            .record(started.elapsed().as_secs_f64());
-        match result {
-            Err(failure) => self.failure(policy, failure),
-            Ok(value) => match reply::parse(&value, policy) {
-                // Program statuses that are not decisions (CLOCK_UNSAFE, STATE_INCOMPATIBLE,
-                // INVALID) are counted like any other failure.
-                Ok(reply) => counted(outcome_from_reply(
-                    &reply,
-                    policy,
-                    DecisionSource::GlobalRedis,
-                    self.settings.retry_after,
-                )),
-                Err(error) => {
-                    tracing::warn!(%error, policy = %policy.id(), ?value, "incompatible program reply");
-                    self.failure(
-                        policy,
-                        Failure::Incompatible(IncompatibleCause::MalformedReply),
-                    )
-                }
-            },
+            .record(latency.as_secs_f64());
+        let value = result?;
+        let replies = call.parse(&value).map_err(|error| {
+            tracing::warn!(%error, program = program.name, ?value, "incompatible program reply");
+            Failure::Incompatible(IncompatibleCause::MalformedReply)
+        })?;
+        if let Some(reply) = replies.first() {
+            self.learn_clock(reply.server_now_ms);
         }
+        Ok(replies)
+    }
+
+    /// The deadline to hand the program, on Redis's clock: the end of the budget less a
+    /// quarter of it for the reply to travel back and be read. A program that waited in
+    /// Redis's queue past it does nothing, so a command that timed out while queued costs no
+    /// quota. None until a reply showed Redis's clock, and on Cluster (nodes' clocks differ).
+    fn redis_deadline(&self, budget: Duration) -> Option<u64> {
+        if self.is_cluster() {
+            return None;
+        }
+        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
+        if offset == i64::MIN {
+            return None;
+        }
+        let usable = budget - budget / 4;
+        let local = unix_ms().checked_add(usable.as_millis() as u64)?;
+        u64::try_from(local as i64 + offset).ok()
+    }
+
+    fn learn_clock(&self, server_now_ms: u64) {
+        let offset = server_now_ms as i64 - unix_ms() as i64;
+        self.clock_offset_ms.store(offset, Ordering::Relaxed);
+    }
+
+    /// Decides one group of checks with one call; `outcomes` receives one outcome per check.
+    async fn decide_group(
+        &self,
+        plan: &Plan,
+        checks: &[LimitCheck<'_>],
+        group: &[usize],
+        mode: Mode,
+        deadline: Instant,
+    ) -> Vec<RateLimitOutcome> {
+        let call = plan.call(checks, group, mode);
+        match self.dispatch(&call, deadline).await {
+            Ok(replies) => group
+                .iter()
+                .zip(replies)
+                .map(|(&i, reply)| self.outcome(checks[i].policy(), &reply))
+                .collect(),
+            Err(failure) => {
+                count_failure(failure);
+                group
+                    .iter()
+                    .map(|&i| self.failure_outcome(checks[i].policy(), failure))
+                    .collect()
+            }
+        }
+    }
+
+    fn outcome(&self, policy: &RateLimitPolicy, reply: &ProgramReply) -> RateLimitOutcome {
+        let outcome = outcome_from_reply(
+            reply,
+            policy,
+            DecisionSource::GlobalRedis,
+            self.settings.retry_after,
+        );
+        // Program statuses that are not decisions (CLOCK_UNSAFE, STATE_INCOMPATIBLE, INVALID)
+        // are counted like any other failure.
+        if !matches!(reply.status, Status::Allowed | Status::Denied) {
+            count_outcome(&outcome);
+        }
+        outcome
+    }
+
+    /// Several slot groups (Cluster only): every group is checked read-only; only when every
+    /// enforced check would admit the request does each group commit, atomically on its own.
+    /// A commit that denies after another group committed leaves that group's consumption in
+    /// place (counted in `edgelimit_redis_partial_commits_total`): never an over-admission.
+    async fn decide_across_slots(
+        &self,
+        plan: &Plan,
+        request: &CompositeRequest<'_>,
+    ) -> CompositeOutcome {
+        let checks = request.checks();
+        let place = |groups: Vec<Vec<RateLimitOutcome>>| {
+            let mut outcomes: Vec<Option<RateLimitOutcome>> = vec![None; checks.len()];
+            for (group, results) in plan.groups.iter().zip(groups) {
+                for (&i, outcome) in group.iter().zip(results) {
+                    outcomes[i] = Some(outcome);
+                }
+            }
+            outcomes
+        };
+        let checked =
+            join_all(plan.groups.iter().map(|group| {
+                self.decide_group(plan, checks, group, Mode::Check, request.deadline())
+            }))
+            .await;
+        let checked = CompositeOutcome::new(place(checked).into_iter().flatten().collect());
+        if !checked.admitted(request) {
+            return checked;
+        }
+        let committed =
+            join_all(plan.groups.iter().map(|group| {
+                self.decide_group(plan, checks, group, Mode::Commit, request.deadline())
+            }))
+            .await;
+        let group_admitted: Vec<bool> = plan
+            .groups
+            .iter()
+            .zip(&committed)
+            .map(|(group, outcomes)| {
+                group
+                    .iter()
+                    .zip(outcomes)
+                    .all(|(&i, o)| checks[i].is_shadow() || o.is_allowed())
+            })
+            .collect();
+        if group_admitted.contains(&false) {
+            let partial = group_admitted.iter().filter(|&&admitted| admitted).count();
+            if partial > 0 {
+                metrics::counter!("edgelimit_redis_partial_commits_total")
+                    .increment(partial as u64);
+            }
+        }
+        CompositeOutcome::new(place(committed).into_iter().flatten().collect())
     }
 }
 
-/// Counts an outcome that is not a decision under `edgelimit_backend_failures_total`
-/// {category, cause}; decisions pass through uncounted (the service counts those).
-fn counted(outcome: RateLimitOutcome) -> RateLimitOutcome {
-    if !matches!(outcome, RateLimitOutcome::Evaluated(_)) {
-        metrics::counter!(
-            "edgelimit_backend_failures_total",
-            "category" => outcome.category(),
-            "cause" => outcome.cause()
-        )
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Counts a failed call once under `edgelimit_backend_failures_total` {category, cause}.
+fn count_failure(failure: Failure) {
+    let (category, cause) = match failure {
+        Failure::Unavailable(c) => ("unavailable", c.as_str()),
+        Failure::Indeterminate(c) => ("indeterminate", c.as_str()),
+        Failure::Incompatible(c) => ("incompatible", c.as_str()),
+    };
+    metrics::counter!("edgelimit_backend_failures_total", "category" => category, "cause" => cause)
         .increment(1);
-    }
-    outcome
+}
+
+fn count_outcome(outcome: &RateLimitOutcome) {
+    metrics::counter!(
+        "edgelimit_backend_failures_total",
+        "category" => outcome.category(),
+        "cause" => outcome.cause()
+    )
+    .increment(1);
 }
 
 impl RateLimitPort for RedisBackend {
-    async fn evaluate(
-        &self,
-        policy: &RateLimitPolicy,
-        request: &RateLimitRequest,
-    ) -> RateLimitOutcome {
-        if request.check_policy(policy).is_err() {
-            return self.failure(
-                policy,
-                Failure::Incompatible(IncompatibleCause::PolicyMismatch),
+    async fn evaluate_all(&self, request: &CompositeRequest<'_>) -> CompositeOutcome {
+        let plan = Plan::new(&self.keys, request.checks(), self.is_cluster());
+        if let [group] = plan.groups.as_slice() {
+            return CompositeOutcome::new(
+                self.decide_group(
+                    &plan,
+                    request.checks(),
+                    group,
+                    Mode::Commit,
+                    request.deadline(),
+                )
+                .await,
             );
         }
-        // Admission precheck: a command that could outlive the caller is never sent.
-        let now = Instant::now();
-        let command_deadline = now + self.settings.command_timeout;
-        if request.deadline() < command_deadline {
-            return self.unavailable(policy, UnavailableCause::DeadlineTooShort);
-        }
-        let Ok(_permit) = self.admission.try_acquire() else {
-            return self.unavailable(policy, UnavailableCause::AdmissionBoundReached);
-        };
-        self.run(policy, request, command_deadline).await
+        self.decide_across_slots(&plan, request).await
     }
 
     async fn readiness(&self) -> BackendReadiness {

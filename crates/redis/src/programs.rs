@@ -1,16 +1,61 @@
-//! The versioned Lua programs, compiled into the binary so the exact source is always at hand
-//! for the NOSCRIPT fallback.
+//! The versioned Lua programs, composed at build time from `lua/lib/` (one prologue, one
+//! module per algorithm, one driver) and compiled into the binary, so each program is
+//! self-contained for EVALSHA and its exact source is always at hand for the NOSCRIPT fallback.
 
+use edgelimit_algorithm::composite::Mode;
 use edgelimit_algorithm::{revision_arg, SCHEMA_VERSION};
-use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy, RateLimitRequest};
+use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy};
 
-/// The exact program source, compiled in so the binary and its programs cannot drift.
+/// Composes one program: a name line, the shared prologue, the algorithm modules, the driver.
+macro_rules! program {
+    ($name:literal, [$($module:literal),+], $bind:literal, $driver:literal) => {
+        concat!(
+            "-- edgelimit ", $name, " (composed from lua/lib; see lua/README.md)\n",
+            include_str!("../../../lua/lib/prologue.lua"),
+            $(include_str!(concat!("../../../lua/lib/", $module, ".lua")),)+
+            $bind,
+            include_str!(concat!("../../../lua/lib/", $driver, ".lua"))
+        )
+    };
+}
+
+const FIXED_WINDOW_SOURCE: &str = program!(
+    "rate-fixed-window-v1",
+    ["fixed-window"],
+    "local ALGORITHM = FIXED_WINDOW\n",
+    "single"
+);
+const SLIDING_COUNTER_SOURCE: &str = program!(
+    "rate-sliding-counter-v1",
+    ["sliding-counter"],
+    "local ALGORITHM = SLIDING_COUNTER\n",
+    "single"
+);
+const TOKEN_BUCKET_SOURCE: &str = program!(
+    "rate-token-bucket-v1",
+    ["token-bucket"],
+    "local ALGORITHM = TOKEN_BUCKET\n",
+    "single"
+);
+const COMPOSITE_SOURCE: &str = program!(
+    "rate-composite-v1",
+    ["fixed-window", "sliding-counter", "token-bucket"],
+    "",
+    "composite"
+);
+
+/// The exact source of an algorithm's single-key program.
 pub fn program_source(algorithm: Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::FixedWindow => include_str!("../../../lua/rate-fixed-window-v1.lua"),
-        Algorithm::SlidingWindow => include_str!("../../../lua/rate-sliding-counter-v1.lua"),
-        Algorithm::TokenBucket => include_str!("../../../lua/rate-token-bucket-v1.lua"),
+        Algorithm::FixedWindow => FIXED_WINDOW_SOURCE,
+        Algorithm::SlidingWindow => SLIDING_COUNTER_SOURCE,
+        Algorithm::TokenBucket => TOKEN_BUCKET_SOURCE,
     }
+}
+
+/// The exact source of the composite program (every limit of a request in one call).
+pub fn composite_source() -> &'static str {
+    COMPOSITE_SOURCE
 }
 
 /// The program's ARGV for `policy` and `cost` (0 = peek), as `lua/README.md` specifies.
@@ -51,8 +96,7 @@ pub struct Program {
 }
 
 impl Program {
-    fn new(name: &'static str, algorithm: Algorithm) -> Self {
-        let source = program_source(algorithm);
+    fn new(name: &'static str, source: &'static str) -> Self {
         let sha = ::redis::Script::new(source).get_hash().to_owned();
         Self { name, source, sha }
     }
@@ -63,14 +107,16 @@ pub struct Programs {
     fixed_window: Program,
     sliding_window: Program,
     token_bucket: Program,
+    composite: Program,
 }
 
 impl Programs {
     pub fn load() -> Self {
         Self {
-            fixed_window: Program::new("rate-fixed-window-v1", Algorithm::FixedWindow),
-            sliding_window: Program::new("rate-sliding-counter-v1", Algorithm::SlidingWindow),
-            token_bucket: Program::new("rate-token-bucket-v1", Algorithm::TokenBucket),
+            fixed_window: Program::new("rate-fixed-window-v1", FIXED_WINDOW_SOURCE),
+            sliding_window: Program::new("rate-sliding-counter-v1", SLIDING_COUNTER_SOURCE),
+            token_bucket: Program::new("rate-token-bucket-v1", TOKEN_BUCKET_SOURCE),
+            composite: Program::new("rate-composite-v1", COMPOSITE_SOURCE),
         }
     }
 
@@ -82,39 +128,90 @@ impl Programs {
         }
     }
 
-    pub fn all(&self) -> [&Program; 3] {
-        [&self.fixed_window, &self.sliding_window, &self.token_bucket]
+    pub fn composite(&self) -> &Program {
+        &self.composite
+    }
+
+    pub fn all(&self) -> [&Program; 4] {
+        [
+            &self.fixed_window,
+            &self.sliding_window,
+            &self.token_bucket,
+            &self.composite,
+        ]
     }
 }
 
-/// Builds `EVALSHA sha 1 key ARGV...` or, for the NOSCRIPT fallback, `EVAL source 1 key ARGV...`.
-///
-/// The same ARGV as [`program_args`] (a test holds them equal), written straight into one
-/// pre-sized command buffer: this runs for every Redis evaluation, and building nine `String`s
-/// first cost ten allocations.
-pub fn invocation(
+/// One check of a composite call: `key` indexes the call's keys (0-based here, 1-based in
+/// the program).
+#[derive(Debug, Clone, Copy)]
+pub struct CompositeCheck<'a> {
+    pub key: usize,
+    pub policy: &'a RateLimitPolicy,
+    /// Units to consume; 0 is a peek.
+    pub cost: u64,
+    pub shadow: bool,
+}
+
+/// Builds `EVALSHA sha <keys> KEYS... 1 mode n deadline (check)...` (or `EVAL source ...` for
+/// the NOSCRIPT fallback) for the composite program. `deadline_ms` is the caller's deadline on
+/// Redis's clock: the program does nothing once it has passed.
+pub fn composite_invocation(
     program: &Program,
     with_source: bool,
-    key: &str,
-    policy: &RateLimitPolicy,
-    request: &RateLimitRequest,
+    mode: Mode,
+    keys: &[&str],
+    checks: &[CompositeCheck<'_>],
+    deadline_ms: Option<u64>,
 ) -> ::redis::Cmd {
     let (name, body) = if with_source {
         ("EVAL", program.source)
     } else {
         ("EVALSHA", program.sha.as_str())
     };
-    // 13 arguments at most; numbers take at most 20 digits.
+    let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
+    let arity = 3 + keys.len() + 3 + checks.len() * 12;
     let mut cmd = ::redis::Cmd::with_capacity(
-        13,
-        name.len() + body.len() + key.len() + policy.id().as_str().len() + 9 * 20,
+        arity,
+        name.len() + body.len() + key_bytes + checks.len() * (64 + 9 * 20),
     );
-    cmd.arg(name).arg(body).arg(1).arg(key);
+    cmd.arg(name).arg(body).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    cmd.arg("1").arg(mode.as_str()).arg(checks.len());
+    match deadline_ms {
+        Some(deadline) => cmd.arg(deadline),
+        None => cmd.arg(""),
+    };
     let mut revision = [0u8; 16];
+    for check in checks {
+        let policy = check.policy;
+        let letter = match policy.algorithm() {
+            Algorithm::FixedWindow => "f",
+            Algorithm::SlidingWindow => "s",
+            Algorithm::TokenBucket => "t",
+        };
+        cmd.arg(check.key + 1)
+            .arg(letter)
+            .arg(if check.shadow { "1" } else { "0" });
+        common_args(&mut cmd, policy, check.cost, &mut revision);
+    }
+    cmd
+}
+
+/// ARGV of one evaluation after the framing: schema, policy, revision, cost, max clock
+/// regression, cleanup grace, then the algorithm's parameters.
+fn common_args(
+    cmd: &mut ::redis::Cmd,
+    policy: &RateLimitPolicy,
+    cost: u64,
+    revision: &mut [u8; 16],
+) {
     cmd.arg(SCHEMA_VERSION)
         .arg(policy.id().as_str())
-        .arg(&hex_u64(policy.revision(), &mut revision)[..])
-        .arg(request.cost().units())
+        .arg(&hex_u64(policy.revision(), revision)[..])
+        .arg(cost)
         .arg(policy.max_clock_regression_ms())
         .arg(policy.cleanup_grace_ms());
     match *policy.params() {
@@ -129,6 +226,37 @@ pub fn invocation(
         } => {
             cmd.arg(refill_period_ms).arg(refill_tokens).arg(capacity);
         }
+    }
+}
+
+/// Builds `EVALSHA sha 1 key ARGV...` or, for the NOSCRIPT fallback, `EVAL source 1 key ARGV...`.
+///
+/// The same ARGV as [`program_args`] (a test holds them equal), written straight into one
+/// pre-sized command buffer: this runs for every Redis evaluation, and building nine `String`s
+/// first cost ten allocations.
+pub fn invocation(
+    program: &Program,
+    with_source: bool,
+    key: &str,
+    policy: &RateLimitPolicy,
+    cost: u64,
+    deadline_ms: Option<u64>,
+) -> ::redis::Cmd {
+    let (name, body) = if with_source {
+        ("EVAL", program.source)
+    } else {
+        ("EVALSHA", program.sha.as_str())
+    };
+    // 13 arguments at most; numbers take at most 20 digits.
+    let mut cmd = ::redis::Cmd::with_capacity(
+        13,
+        name.len() + body.len() + key.len() + policy.id().as_str().len() + 9 * 20,
+    );
+    cmd.arg(name).arg(body).arg(1).arg(key);
+    let mut revision = [0u8; 16];
+    common_args(&mut cmd, policy, cost, &mut revision);
+    if let Some(deadline) = deadline_ms {
+        cmd.arg(deadline);
     }
     cmd
 }
@@ -145,12 +273,11 @@ fn hex_u64(value: u64, out: &mut [u8; 16]) -> &[u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use edgelimit_contract::{Cost, PolicyId, SubjectDigest};
+    use edgelimit_contract::{Cost, PolicyId};
 
     #[test]
     fn invocation_sends_exactly_program_args() {
         let programs = Programs::load();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         for (params, revision) in [
             (
                 AlgorithmParams::FixedWindow {
@@ -185,17 +312,9 @@ mod tests {
             )
             .unwrap();
             for cost in [Cost::Peek, Cost::consume(3).unwrap()] {
-                let request = RateLimitRequest::new(
-                    &p,
-                    SubjectDigest::from_bytes([1; 32]),
-                    cost,
-                    None,
-                    deadline,
-                )
-                .unwrap();
                 let program = programs.for_algorithm(p.algorithm());
                 for with_source in [false, true] {
-                    let cmd = invocation(program, with_source, "k{x}", &p, &request);
+                    let cmd = invocation(program, with_source, "k{x}", &p, cost.units(), None);
                     let sent: Vec<Vec<u8>> = cmd
                         .args_iter()
                         .map(|a| match a {

@@ -11,6 +11,13 @@ use edgelimit_contract::{RateLimitPolicy, MAX_EXACT_INTEGER};
 pub enum ReplyError {
     #[error("reply is not an array")]
     NotAnArray,
+    #[error("composite reply has {got} replies, expected {expected}")]
+    Count { got: usize, expected: usize },
+    #[error("reply {index}: {error}")]
+    Check {
+        index: usize,
+        error: Box<ReplyError>,
+    },
     #[error("reply has {0} fields, expected 7")]
     Arity(usize),
     #[error("unknown status")]
@@ -21,6 +28,35 @@ pub enum ReplyError {
     LimitMismatch { reply: u64, policy: u64 },
     #[error("reply is internally inconsistent: {0}")]
     Inconsistent(&'static str),
+}
+
+/// A composite program's reply: one seven-field reply per check, each validated against its
+/// check's policy.
+pub fn parse_many(
+    value: &Value,
+    policies: &[&RateLimitPolicy],
+) -> Result<Vec<ProgramReply>, ReplyError> {
+    let replies = match value {
+        Value::Array(replies) => replies,
+        _ => return Err(ReplyError::NotAnArray),
+    };
+    if replies.len() != policies.len() {
+        return Err(ReplyError::Count {
+            got: replies.len(),
+            expected: policies.len(),
+        });
+    }
+    replies
+        .iter()
+        .zip(policies)
+        .enumerate()
+        .map(|(index, (reply, policy))| {
+            parse(reply, policy).map_err(|error| ReplyError::Check {
+                index,
+                error: Box::new(error),
+            })
+        })
+        .collect()
 }
 
 pub fn parse(value: &Value, policy: &RateLimitPolicy) -> Result<ProgramReply, ReplyError> {

@@ -1,0 +1,57 @@
+-- Fixed window of `window` ms aligned to the Unix epoch, `limit` units per window.
+-- Stored fields: o last observed ms, w window id, c consumed.
+-- A consumed count above the limit (the limit was lowered) is kept: nothing passes until the
+-- window ends.
+local FIXED_WINDOW = { name = 'fixed_window', param_count = 2, fields = { 'o', 'w', 'c' } }
+
+-- Parameters from ARGV strings; nil (and the limit to report) when malformed.
+function FIXED_WINDOW.params(window, limit)
+  local p = { window = int_arg(window, 1, 34560000000), limit = int_arg(limit, 0, MAX) }
+  if not p.window or not p.limit then return nil, p.limit or 0 end
+  return p, p.limit
+end
+
+function FIXED_WINDOW.limit(p)
+  return p.limit
+end
+
+function FIXED_WINDOW.decode(s, _)
+  local st = { o = int_arg(s[5], 0, MAX), w = int_arg(s[6], 0, MAX), c = int_arg(s[7], 0, MAX) }
+  if not st.o or not st.w or not st.c then return nil end
+  return st
+end
+
+function FIXED_WINDOW.encode(st)
+  return { 'o', fmt(st.o), 'w', fmt(st.w), 'c', fmt(st.c) }
+end
+
+function FIXED_WINDOW.eval(p, c, st, now)
+  local limit, window = p.limit, p.window
+  local current = math.floor(now / window)
+  local consumed = 0
+  if st then
+    if st.w > current then return refusal('STATE_INCOMPATIBLE', now, limit) end
+    if st.w == current then consumed = st.c end
+  end
+  local reset_at = (current + 1) * window
+  local remaining = 0
+  if consumed < limit then remaining = limit - consumed end
+
+  if c.cost == 0 then
+    if consumed < limit then
+      return { 'ALLOWED', server_now, now, limit, remaining, 0, reset_at }
+    end
+    return { 'DENIED', server_now, now, limit, remaining, reset_at - now, reset_at }
+  end
+
+  local status = 'DENIED'
+  local retry = reset_at - now
+  if consumed <= limit and c.cost <= limit - consumed then
+    consumed = consumed + c.cost
+    remaining = limit - consumed
+    status = 'ALLOWED'
+    retry = 0
+  end
+  return { status, server_now, now, limit, remaining, retry, reset_at },
+    { o = now, w = current, c = consumed }, reset_at - now + c.grace
+end

@@ -1,0 +1,114 @@
+-- Shared prologue, composed at build time into every program (crates/redis/src/programs.rs):
+-- the clock, the integer helpers, argument and state checks, and the single evaluation the
+-- Rust mirror `algorithm::evaluate` implements. Every number stays below 2^53 - 1 (Lua numbers
+-- are doubles); callers validate ranges too.
+local MAX = 9007199254740991
+local SCHEMA = '1'
+-- Bound of the clock-regression and cleanup-grace arguments (one day).
+local MAX_SAFETY = 86400000
+
+-- TIME exactly once per call: every evaluation of the call sees the same server time.
+local t = redis.call('TIME')
+local server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Decimal digits only: rejects '1e3', '0x10', ' 5', '-0' and anything past 2^53 - 1.
+local function int_arg(v, lo, hi)
+  if type(v) ~= 'string' or #v == 0 or #v > 16 or not string.match(v, '^%d+$') then return nil end
+  local n = tonumber(v)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+-- Numbers written to state are formatted as integers; tostring would use %.14g.
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- Exact integer quotient and remainder of 0 <= n <= 2^53 - 1 by d >= 1 (fmod is exact).
+local function divmod(n, d)
+  local r = math.fmod(n, d)
+  return (n - r) / d, r
+end
+
+-- ceil(n / d) without an n + d - 1 intermediate.
+local function ceil_div(n, d)
+  local q, r = divmod(n, d)
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+-- Whether the caller's deadline (Unix ms on this server's clock; '' or absent: none) has
+-- passed: a program that starts after it does nothing, its caller has answered without it.
+-- nil when malformed.
+local function past(deadline)
+  if deadline == nil or deadline == '' then return false end
+  local d = int_arg(deadline, 0, MAX)
+  if not d then return nil end
+  return server_now > d
+end
+
+-- A reply that is not a decision: the last three numbers are 0.
+local function refusal(status, effective_now, limit)
+  return { status, server_now, effective_now, limit, 0, 0, 0 }
+end
+
+-- The arguments every evaluation takes: schema, policy id, policy revision, cost (0 = peek),
+-- max clock regression ms, cleanup grace ms. nil when any is malformed.
+local function common_args(schema, policy, revision, cost, max_regression, grace)
+  local c = {
+    policy = policy,
+    revision = revision,
+    cost = int_arg(cost, 0, MAX),
+    max_regression = int_arg(max_regression, 0, MAX_SAFETY),
+    grace = int_arg(grace, 0, MAX_SAFETY),
+  }
+  if schema ~= SCHEMA or not policy or policy == '' or not revision or revision == ''
+    or not c.cost or not c.max_regression or not c.grace then
+    return nil
+  end
+  return c
+end
+
+-- What `key` holds for this algorithm and policy: 'absent', 'present' with the decoded state,
+-- or 'incompatible' (another type, schema, algorithm, policy or revision, a malformed field).
+local function load(key, algo, c, p)
+  local key_type = redis.call('TYPE', key)
+  key_type = key_type.ok or key_type
+  if key_type == 'none' then return 'absent' end
+  if key_type ~= 'hash' then return 'incompatible' end
+  local s = redis.call('HMGET', key, 'v', 'a', 'p', 'r', unpack(algo.fields))
+  if s[1] ~= SCHEMA or s[2] ~= algo.name or s[3] ~= c.policy or s[4] ~= c.revision then
+    return 'incompatible'
+  end
+  local st = algo.decode(s, p)
+  if not st then return 'incompatible' end
+  return 'present', st
+end
+
+-- One evaluation on a loaded state: the reply, and the state to store with its TTL (nil for a
+-- peek or a refusal). A small backward clock step is clamped to the stored last observation;
+-- a larger one is CLOCK_UNSAFE.
+local function evaluate(algo, p, c, kind, st)
+  if kind == 'incompatible' then
+    return refusal('STATE_INCOMPATIBLE', server_now, algo.limit(p))
+  end
+  local now = server_now
+  if kind == 'present' then
+    if server_now < st.o then
+      if st.o - server_now > c.max_regression then
+        return refusal('CLOCK_UNSAFE', server_now, algo.limit(p))
+      end
+      now = st.o
+    end
+  else
+    st = nil
+  end
+  return algo.eval(p, c, st, now)
+end
+
+local function store(key, algo, c, st, ttl)
+  local fields = algo.encode(st)
+  redis.call('HSET', key, 'v', SCHEMA, 'a', algo.name, 'p', c.policy, 'r', c.revision,
+    unpack(fields))
+  redis.call('PEXPIRE', key, fmt(ttl))
+end
