@@ -1,6 +1,7 @@
 //! Shared harness for end-to-end tests against real processes.
 #![allow(dead_code)]
 
+pub mod backends;
 pub mod fault_load;
 pub mod raw_h2;
 pub mod redis_server;

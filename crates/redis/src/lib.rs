@@ -431,59 +431,78 @@ impl RedisBackend {
         outcome
     }
 
-    /// Several slot groups (Cluster only): every group is checked read-only; only when every
-    /// enforced check would admit the request does each group commit, atomically on its own.
-    /// A commit that denies after another group committed leaves that group's consumption in
-    /// place (counted in `edgelimit_redis_partial_commits_total`): never an over-admission.
+    /// Several slot groups (Cluster only): every group is checked read-only, in parallel;
+    /// only when every enforced check would admit the request do the groups commit, one at a
+    /// time, tightest first (the group whose limits have the least room left is the likeliest
+    /// to have been taken by a concurrent request), each atomically on its own. The first
+    /// group that denies at commit stops the rest: nothing further is consumed. Groups that
+    /// committed before it keep their consumption (counted, per group, in
+    /// `edgelimit_redis_partial_commits_total`) — under-admission, never over-admission.
     async fn decide_across_slots(
         &self,
         plan: &Plan,
         request: &CompositeRequest<'_>,
     ) -> CompositeOutcome {
         let checks = request.checks();
-        let place = |groups: Vec<Vec<RateLimitOutcome>>| {
-            let mut outcomes: Vec<Option<RateLimitOutcome>> = vec![None; checks.len()];
-            for (group, results) in plan.groups.iter().zip(groups) {
-                for (&i, outcome) in group.iter().zip(results) {
-                    outcomes[i] = Some(outcome);
-                }
-            }
-            outcomes
-        };
+        let mut outcomes: Vec<Option<RateLimitOutcome>> = vec![None; checks.len()];
         let checked =
             join_all(plan.groups.iter().map(|group| {
                 self.decide_group(plan, checks, group, Mode::Check, request.deadline())
             }))
             .await;
-        let checked = CompositeOutcome::new(place(checked).into_iter().flatten().collect());
-        if !checked.admitted(request) {
-            return checked;
-        }
-        let committed =
-            join_all(plan.groups.iter().map(|group| {
-                self.decide_group(plan, checks, group, Mode::Commit, request.deadline())
-            }))
-            .await;
-        let group_admitted: Vec<bool> = plan
-            .groups
-            .iter()
-            .zip(&committed)
-            .map(|(group, outcomes)| {
-                group
-                    .iter()
-                    .zip(outcomes)
-                    .all(|(&i, o)| checks[i].is_shadow() || o.is_allowed())
-            })
-            .collect();
-        if group_admitted.contains(&false) {
-            let partial = group_admitted.iter().filter(|&&admitted| admitted).count();
-            if partial > 0 {
-                metrics::counter!("edgelimit_redis_partial_commits_total")
-                    .increment(partial as u64);
+        let mut room = Vec::with_capacity(plan.groups.len());
+        for (g, (group, results)) in plan.groups.iter().zip(checked).enumerate() {
+            room.push((tightness(checks, group, &results), g));
+            for (&i, outcome) in group.iter().zip(results) {
+                outcomes[i] = Some(outcome);
             }
         }
-        CompositeOutcome::new(place(committed).into_iter().flatten().collect())
+        let admitted = |outcomes: &[Option<RateLimitOutcome>], group: &[usize]| {
+            group.iter().all(|&i| {
+                checks[i].is_shadow()
+                    || outcomes[i]
+                        .as_ref()
+                        .is_some_and(RateLimitOutcome::is_allowed)
+            })
+        };
+        if plan.groups.iter().all(|group| admitted(&outcomes, group)) {
+            room.sort_unstable();
+            for (committed, &(_, g)) in room.iter().enumerate() {
+                let group = &plan.groups[g];
+                let results = self
+                    .decide_group(plan, checks, group, Mode::Commit, request.deadline())
+                    .await;
+                for (&i, outcome) in group.iter().zip(results) {
+                    outcomes[i] = Some(outcome);
+                }
+                if !admitted(&outcomes, group) {
+                    if committed > 0 {
+                        metrics::counter!("edgelimit_redis_partial_commits_total")
+                            .increment(committed as u64);
+                    }
+                    break;
+                }
+            }
+        }
+        CompositeOutcome::new(outcomes.into_iter().flatten().collect())
     }
+}
+
+/// How little room a group's enforced limits have left, as the smallest remaining share of
+/// a limit in millionths (a denied or failed check: 0): groups are committed in this order.
+fn tightness(checks: &[LimitCheck<'_>], group: &[usize], outcomes: &[RateLimitOutcome]) -> u64 {
+    group
+        .iter()
+        .zip(outcomes)
+        .filter(|(&i, _)| !checks[i].is_shadow())
+        .map(|(_, outcome)| match outcome {
+            RateLimitOutcome::Evaluated(d) if d.allowed && d.limit > 0 => {
+                (u128::from(d.remaining) * 1_000_000 / u128::from(d.limit)) as u64
+            }
+            _ => 0,
+        })
+        .min()
+        .unwrap_or(u64::MAX)
 }
 
 fn unix_ms() -> u64 {
