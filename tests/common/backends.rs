@@ -79,32 +79,14 @@ impl Deployment {
 
     /// Every `edgelimit:rate:*` key with its hash, from whichever Redis holds them (none for
     /// the embedded backend).
-    pub fn stored(&self) -> Vec<(String, Vec<(String, String)>)> {
-        let nodes: Vec<Box<dyn Fn(&[&str]) -> String + '_>> = match (&self.redis, &self.cluster) {
-            (Some(redis), _) => vec![Box::new(move |args: &[&str]| redis.cli(args))],
-            (_, Some(cluster)) => cluster
-                .nodes
-                .iter()
-                .map(|n| {
-                    Box::new(move |args: &[&str]| n.cli(args)) as Box<dyn Fn(&[&str]) -> String>
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
+    pub fn stored(&self) -> Vec<StoredKey> {
         let mut out = Vec::new();
-        for cli in nodes {
-            for key in cli(&["--raw", "KEYS", "edgelimit:rate:*"])
-                .lines()
-                .filter(|k| !k.is_empty())
-            {
-                let raw = cli(&["--raw", "HGETALL", key]);
-                let lines: Vec<&str> = raw.lines().collect();
-                let fields = lines
-                    .chunks(2)
-                    .filter(|c| c.len() == 2)
-                    .map(|c| (c[0].to_owned(), c[1].to_owned()))
-                    .collect();
-                out.push((key.to_owned(), fields));
+        if let Some(redis) = &self.redis {
+            scan(|args| redis.cli(args), &mut out);
+        }
+        if let Some(cluster) = &self.cluster {
+            for node in &cluster.nodes {
+                scan(|args| node.cli(args), &mut out);
             }
         }
         out.sort();
@@ -114,6 +96,25 @@ impl Deployment {
     /// A counter of the server's metrics, 0 when absent.
     pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         metric(&self.server.metrics(), name, labels).unwrap_or(0.0)
+    }
+}
+
+/// A state key and its hash fields.
+pub type StoredKey = (String, Vec<(String, String)>);
+
+fn scan(cli: impl Fn(&[&str]) -> String, out: &mut Vec<StoredKey>) {
+    for key in cli(&["--raw", "KEYS", "edgelimit:rate:*"])
+        .lines()
+        .filter(|k| !k.is_empty())
+    {
+        let raw = cli(&["--raw", "HGETALL", key]);
+        let lines: Vec<&str> = raw.lines().collect();
+        let fields = lines
+            .chunks(2)
+            .filter(|c| c.len() == 2)
+            .map(|c| (c[0].to_owned(), c[1].to_owned()))
+            .collect();
+        out.push((key.to_owned(), fields));
     }
 }
 
