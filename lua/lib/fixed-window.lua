@@ -6,7 +6,7 @@ local FIXED_WINDOW = { name = 'fixed_window', param_count = 2, fields = { 'o', '
 
 -- Parameters from ARGV strings; nil (and the limit to report) when malformed.
 function FIXED_WINDOW.params(window, limit)
-  local p = { window = int_arg(window, 1, 34560000000), limit = int_arg(limit, 0, MAX) }
+  local p = { window = int_arg(window, 1, MAX_PERIOD), limit = int_arg(limit, 0, MAX) }
   if not p.window or not p.limit then return nil, p.limit or 0 end
   return p, p.limit
 end

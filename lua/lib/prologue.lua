@@ -6,6 +6,8 @@ local MAX = 9007199254740991
 local SCHEMA = '1'
 -- Bound of the clock-regression and cleanup-grace arguments (one day).
 local MAX_SAFETY = 86400000
+-- Longest window or refill period (400 days): every timestamp sum stays exact.
+local MAX_PERIOD = 34560000000
 
 -- TIME exactly once per call: every evaluation of the call sees the same server time.
 local t = redis.call('TIME')

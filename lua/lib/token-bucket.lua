@@ -9,7 +9,7 @@ local TOKEN_BUCKET = { name = 'token_bucket', param_count = 3, fields = { 'o', '
 
 function TOKEN_BUCKET.params(period, rate, capacity)
   local p = {
-    period = int_arg(period, 1, 34560000000),
+    period = int_arg(period, 1, MAX_PERIOD),
     rate = int_arg(rate, 1, MAX),
     capacity = int_arg(capacity, 0, MAX),
   }

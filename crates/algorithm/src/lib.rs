@@ -103,10 +103,10 @@ pub const SCHEMA_VERSION: &str = "1";
 pub const MAX: u64 = MAX_EXACT_INTEGER;
 
 /// Upper bound of ARGV[5] (maximum clock regression) and ARGV[6] (cleanup grace), in ms.
-pub const MAX_SAFETY_MS: u64 = 86_400_000;
+pub const MAX_SAFETY_MS: u64 = RateLimitPolicy::MAX_SAFETY_MS;
 
 /// Upper bound of a fixed window or a refill period (400 days), as the contract validates.
-pub const MAX_PERIOD_MS: u64 = 400 * 24 * 3600 * 1000;
+pub const MAX_PERIOD_MS: u64 = edgelimit_contract::MAX_PERIOD_MS;
 
 /// Arguments every program takes (ARGV[4..=6]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

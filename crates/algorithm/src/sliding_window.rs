@@ -11,7 +11,7 @@ use super::{
 };
 
 /// Fixed-point scale of the previous window's weight (parts per million).
-pub const SCALE: u64 = 1_000_000;
+pub const SCALE: u64 = edgelimit_contract::SLIDING_WEIGHT_SCALE;
 
 /// Largest window and limit: `x * SCALE` must stay at or below 2^53 - 1.
 pub const MAX_SCALED: u64 = MAX / SCALE;

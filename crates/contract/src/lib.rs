@@ -14,7 +14,10 @@ pub use composite::{CompositeOutcome, CompositeRequest, Enforcement, LimitCheck}
 pub use decision::{Certainty, DecisionSource, RateLimitDecision};
 pub use error::ContractError;
 pub use outcome::{IncompatibleCause, IndeterminateCause, RateLimitOutcome, UnavailableCause};
-pub use policy::{Algorithm, AlgorithmParams, FailurePolicy, PolicyId, RateLimitPolicy};
+pub use policy::{
+    Algorithm, AlgorithmParams, FailurePolicy, PolicyId, RateLimitPolicy, MAX_PERIOD_MS,
+    SLIDING_WEIGHT_SCALE,
+};
 pub use port::{BackendReadiness, RateLimitPort};
 pub use request::{Cost, RateLimitRequest, SubjectDigest};
 

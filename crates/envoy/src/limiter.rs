@@ -13,7 +13,7 @@ use edgelimit_contract::{
 };
 use edgelimit_policy::PolicySet;
 
-use crate::metrics::DecisionCounters;
+use crate::metrics::{record_backend_failures, DecisionCounters};
 use crate::response::{self, Evaluated, Restriction};
 use crate::settings::ServiceSettings;
 use crate::subject::SubjectHasher;
@@ -97,6 +97,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             }
         };
 
+        record_backend_failures(&outcomes);
         // During a rotation the old and the new subject of a limit both had to allow: report
         // the worse of the two.
         let mut folded: Vec<Option<RateLimitOutcome>> = vec![None; plan.applied.len()];

@@ -8,6 +8,28 @@ use edgelimit_contract::{PolicyId, RateLimitOutcome};
 
 use crate::response::Evaluated;
 
+/// Counts, once per request, each kind of backend outcome that was not a decision under
+/// `edgelimit_backend_failures_total{category, cause}` — here, above every backend, so each
+/// backend's failures are counted the same way.
+pub(crate) fn record_backend_failures(outcomes: &[RateLimitOutcome]) {
+    let mut seen: Vec<(&'static str, &'static str)> = Vec::new();
+    for outcome in outcomes {
+        if matches!(outcome, RateLimitOutcome::Evaluated(_)) {
+            continue;
+        }
+        let kind = (outcome.category(), outcome.cause());
+        if !seen.contains(&kind) {
+            seen.push(kind);
+            metrics::counter!(
+                "edgelimit_backend_failures_total",
+                "category" => kind.0,
+                "cause" => kind.1
+            )
+            .increment(1);
+        }
+    }
+}
+
 /// Time from a request's arrival to its answer.
 pub(crate) fn record_request_seconds(seconds: f64) {
     metrics::histogram!("edgelimit_grpc_request_seconds").record(seconds);

@@ -28,7 +28,7 @@ use ::redis::Value;
 use futures_util::future::join_all;
 
 use edgelimit_algorithm::composite::Mode;
-use edgelimit_algorithm::{outcome_from_reply, ProgramReply, Status};
+use edgelimit_algorithm::{outcome_from_reply, ProgramReply};
 use edgelimit_contract::{
     BackendReadiness, CompositeOutcome, CompositeRequest, DecisionSource, IncompatibleCause,
     IndeterminateCause, LimitCheck, RateLimitOutcome, RateLimitPolicy, RateLimitPort,
@@ -340,7 +340,7 @@ impl RedisBackend {
                         && error.kind()
                             == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
                 {
-                    metrics::counter!("edgelimit_redis_noscript_reloads_total", "program" => program.name).increment(1);
+                    program.noscript_resends().increment(1);
                     sent_source = true;
                 }
                 Sent::Reply(Err(error)) => {
@@ -355,8 +355,7 @@ impl RedisBackend {
         };
         let latency = finished.saturating_duration_since(started);
         ticket.finish(latency);
-        metrics::histogram!("edgelimit_redis_command_seconds", "program" => program.name)
-            .record(latency.as_secs_f64());
+        program.latency().record(latency.as_secs_f64());
         let value = result?;
         let replies = call.parse(&value).map_err(|error| {
             tracing::warn!(%error, program = program.name, ?value, "incompatible program reply");
@@ -368,8 +367,9 @@ impl RedisBackend {
         Ok(replies)
     }
 
-    /// The deadline to hand the program, on Redis's clock: the end of the budget less a
-    /// quarter of it for the reply to travel back and be read. A program that waited in
+    /// The deadline to hand the program, on Redis's clock: the middle of the budget (the
+    /// admission plans for commands answered within half of it), leaving the other half for
+    /// the reply to travel back and be read. A program that waited in
     /// Redis's queue past it does nothing, so a command that timed out while queued costs no
     /// quota. None until a reply showed Redis's clock, and on Cluster (nodes' clocks differ).
     fn redis_deadline(&self, budget: Duration) -> Option<u64> {
@@ -380,7 +380,7 @@ impl RedisBackend {
         if offset == i64::MIN {
             return None;
         }
-        let usable = budget - budget / 4;
+        let usable = budget / 2;
         let local = unix_ms().checked_add(usable.as_millis() as u64)?;
         u64::try_from(local as i64 + offset).ok()
     }
@@ -406,29 +406,20 @@ impl RedisBackend {
                 .zip(replies)
                 .map(|(&i, reply)| self.outcome(checks[i].policy(), &reply))
                 .collect(),
-            Err(failure) => {
-                count_failure(failure);
-                group
-                    .iter()
-                    .map(|&i| self.failure_outcome(checks[i].policy(), failure))
-                    .collect()
-            }
+            Err(failure) => group
+                .iter()
+                .map(|&i| self.failure_outcome(checks[i].policy(), failure))
+                .collect(),
         }
     }
 
     fn outcome(&self, policy: &RateLimitPolicy, reply: &ProgramReply) -> RateLimitOutcome {
-        let outcome = outcome_from_reply(
+        outcome_from_reply(
             reply,
             policy,
             DecisionSource::GlobalRedis,
             self.settings.retry_after,
-        );
-        // Program statuses that are not decisions (CLOCK_UNSAFE, STATE_INCOMPATIBLE, INVALID)
-        // are counted like any other failure.
-        if !matches!(reply.status, Status::Allowed | Status::Denied) {
-            count_outcome(&outcome);
-        }
-        outcome
+        )
     }
 
     /// Several slot groups (Cluster only): every group is checked read-only, in parallel;
@@ -509,26 +500,6 @@ fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Counts a failed call once under `edgelimit_backend_failures_total` {category, cause}.
-fn count_failure(failure: Failure) {
-    let (category, cause) = match failure {
-        Failure::Unavailable(c) => ("unavailable", c.as_str()),
-        Failure::Indeterminate(c) => ("indeterminate", c.as_str()),
-        Failure::Incompatible(c) => ("incompatible", c.as_str()),
-    };
-    metrics::counter!("edgelimit_backend_failures_total", "category" => category, "cause" => cause)
-        .increment(1);
-}
-
-fn count_outcome(outcome: &RateLimitOutcome) {
-    metrics::counter!(
-        "edgelimit_backend_failures_total",
-        "category" => outcome.category(),
-        "cause" => outcome.cause()
-    )
-    .increment(1);
 }
 
 impl RateLimitPort for RedisBackend {

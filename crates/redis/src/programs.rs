@@ -2,6 +2,8 @@
 //! module per algorithm, one driver) and compiled into the binary, so each program is
 //! self-contained for EVALSHA and its exact source is always at hand for the NOSCRIPT fallback.
 
+use std::sync::OnceLock;
+
 use edgelimit_algorithm::composite::Mode;
 use edgelimit_algorithm::{revision_arg, SCHEMA_VERSION};
 use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy};
@@ -87,18 +89,50 @@ pub fn program_args(policy: &RateLimitPolicy, cost: u64) -> Vec<String> {
     args
 }
 
-#[derive(Debug)]
 pub struct Program {
     pub name: &'static str,
     pub source: &'static str,
     /// SHA1 of `source`, as EVALSHA expects.
     pub sha: String,
+    /// Metric handles, taken from the recorder at first use (a labelled `histogram!` builds
+    /// and hashes its key on every call).
+    latency: OnceLock<metrics::Histogram>,
+    noscript: OnceLock<metrics::Counter>,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program")
+            .field("name", &self.name)
+            .field("sha", &self.sha)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Program {
     fn new(name: &'static str, source: &'static str) -> Self {
         let sha = ::redis::Script::new(source).get_hash().to_owned();
-        Self { name, source, sha }
+        Self {
+            name,
+            source,
+            sha,
+            latency: OnceLock::new(),
+            noscript: OnceLock::new(),
+        }
+    }
+
+    /// `edgelimit_redis_command_seconds{program}`.
+    pub fn latency(&self) -> &metrics::Histogram {
+        self.latency.get_or_init(
+            || metrics::histogram!("edgelimit_redis_command_seconds", "program" => self.name),
+        )
+    }
+
+    /// `edgelimit_redis_noscript_reloads_total{program}`.
+    pub fn noscript_resends(&self) -> &metrics::Counter {
+        self.noscript.get_or_init(
+            || metrics::counter!("edgelimit_redis_noscript_reloads_total", "program" => self.name),
+        )
     }
 }
 
@@ -273,6 +307,31 @@ fn hex_u64(value: u64, out: &mut [u8; 16]) -> &[u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The constants both sides hold, pinned: the Lua literal must be the Rust value.
+    #[test]
+    fn lua_and_rust_share_every_constant() {
+        use edgelimit_algorithm::{sliding_window, MAX, MAX_PERIOD_MS, MAX_SAFETY_MS};
+        let composite = composite_source();
+        for (lua, rust) in [
+            ("local MAX = ", MAX.to_string()),
+            ("local MAX_SAFETY = ", MAX_SAFETY_MS.to_string()),
+            ("local MAX_PERIOD = ", MAX_PERIOD_MS.to_string()),
+            ("local SCALE = ", sliding_window::SCALE.to_string()),
+            (
+                "local MAX_SCALED = ",
+                sliding_window::MAX_SCALED.to_string(),
+            ),
+            ("local SCHEMA = ", format!("'{SCHEMA_VERSION}'")),
+        ] {
+            let line = composite
+                .lines()
+                .find(|l| l.starts_with(lua))
+                .unwrap_or_else(|| panic!("{lua} is defined in the programs"));
+            assert_eq!(&line[lua.len()..], rust, "{lua}");
+            assert_eq!(composite.matches(lua).count(), 1, "{lua} is defined once");
+        }
+    }
     use edgelimit_contract::{Cost, PolicyId};
 
     #[test]
