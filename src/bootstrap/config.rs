@@ -22,6 +22,8 @@ pub struct ServerConfig {
     pub redis: RedisConfig,
     pub memory: MemoryConfig,
     pub hmac_secret: SecretSource,
+    /// Exact local denials for subjects that cannot pass (Redis backend).
+    pub deny_cache: DenyCacheConfig,
     /// `over_limit` (default) or `grpc_unavailable`.
     pub failure_mode: FailureModeConfig,
     pub shadow_mode: bool,
@@ -51,6 +53,7 @@ impl Default for ServerConfig {
             redis: RedisConfig::default(),
             memory: MemoryConfig::default(),
             hmac_secret: SecretSource::default(),
+            deny_cache: DenyCacheConfig::default(),
             failure_mode: FailureModeConfig::OverLimit,
             shadow_mode: false,
             default_timeout: Duration::from_secs(1),
@@ -60,6 +63,23 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             log: LogConfig::default(),
             shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DenyCacheConfig {
+    pub enabled: bool,
+    pub max_entries: usize,
+}
+
+impl Default for DenyCacheConfig {
+    fn default() -> Self {
+        let d = edgelimit_deny_cache::DenyCacheSettings::default();
+        Self {
+            enabled: d.enabled,
+            max_entries: d.max_entries,
         }
     }
 }
@@ -541,6 +561,12 @@ impl ServerConfig {
         let config: Self =
             serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())?;
         config.limits.validate()?;
+        if config.deny_cache.enabled && config.deny_cache.max_entries == 0 {
+            return Err(
+                "deny_cache.max_entries: must be at least 1 (or set deny_cache.enabled: false)"
+                    .into(),
+            );
+        }
         Ok(config)
     }
 

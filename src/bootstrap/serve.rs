@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
+use edgelimit_deny_cache::{DenyCache, DenyCacheSettings};
 use tokio::net::TcpListener;
 
 use tokio::task::JoinHandle;
@@ -129,7 +130,14 @@ pub async fn serve(
                 metrics,
                 tasks: vec![sampler],
             };
-            run(config, policies, backend, hasher, ops, shutdown, ready).await
+            let cached = Arc::new(DenyCache::new(
+                backend,
+                DenyCacheSettings {
+                    enabled: config.deny_cache.enabled,
+                    max_entries: config.deny_cache.max_entries,
+                },
+            ));
+            run(config, policies, cached, hasher, ops, shutdown, ready).await
         }
     }
 }
