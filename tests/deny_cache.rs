@@ -53,7 +53,7 @@ async fn a_hot_subject_over_its_limit_costs_no_redis_call_until_its_bound_allows
         let r = call(&mut client, ask("window")).await.unwrap();
         assert_eq!(r.overall_code, OVER_LIMIT);
         assert_eq!(r.statuses[0].limit_remaining, 0);
-        let reset = r.statuses[0].duration_until_reset.clone().unwrap();
+        let reset = r.statuses[0].duration_until_reset.unwrap();
         assert!(
             (0..=3600).contains(&reset.seconds),
             "the window end: {reset:?}"
