@@ -73,12 +73,15 @@ end
 
 -- What `key` holds for this algorithm and policy: 'absent', 'present' with the decoded state,
 -- or 'incompatible' (another type, schema, algorithm, policy or revision, a malformed field).
+-- One HMGET in the common case: a key of another type answers WRONGTYPE (caught), and only
+-- when no field is there does EXISTS tell an absent key from a hash of someone else's fields.
 local function load(key, algo, c, p)
-  local key_type = redis.call('TYPE', key)
-  key_type = key_type.ok or key_type
-  if key_type == 'none' then return 'absent' end
-  if key_type ~= 'hash' then return 'incompatible' end
-  local s = redis.call('HMGET', key, 'v', 'a', 'p', 'r', unpack(algo.fields))
+  local s = redis.pcall('HMGET', key, 'v', 'a', 'p', 'r', unpack(algo.fields))
+  if s.err then return 'incompatible' end
+  if not s[1] and not s[2] and not s[3] and not s[4] and not s[5] then
+    if redis.call('EXISTS', key) == 0 then return 'absent' end
+    return 'incompatible'
+  end
   if s[1] ~= SCHEMA or s[2] ~= algo.name or s[3] ~= c.policy or s[4] ~= c.revision then
     return 'incompatible'
   end
