@@ -245,7 +245,7 @@ fn mutated(
     field: &str,
     value: Option<&str>,
 ) -> Vec<(&'static str, String)> {
-    let mut h = some_state(policy, o).to_hash(policy);
+    let mut h = edgelimit::redis::state_to_hash(&some_state(policy, o), policy);
     h.retain(|(k, _)| *k != field);
     if let Some(v) = value {
         let name = h
@@ -381,7 +381,8 @@ fn a_key_of_another_type_is_incompatible_and_left_alone() {
 fn extra_hash_fields_are_ignored_and_kept() {
     let (_redis, mut p) = start();
     for policy in all_three(10) {
-        let mut h = some_state(&policy, p.server_time_ms()).to_hash(&policy);
+        let mut h =
+            edgelimit::redis::state_to_hash(&some_state(&policy, p.server_time_ms()), &policy);
         h.push(("x", "anything".into()));
         p.put_fields(K, &h, HOUR);
         let (r, _) = p.step(&policy, K, 1);

@@ -13,7 +13,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
 use super::readiness::Readiness;
-use crate::algorithm::revision_arg;
+use crate::contract::Revision;
 use crate::policy::{PolicySet, Rule};
 
 #[derive(Clone)]
@@ -130,7 +130,7 @@ impl PoliciesView {
                 domain: domain.clone(),
                 domain_slug: domain_slug.clone(),
                 policy_id: limit.map(|l| l.policy.id().to_string()),
-                revision: limit.map(|l| revision_arg(l.policy.revision())),
+                revision: limit.map(|l| Revision(l.policy.revision()).to_string()),
                 name: limit.and_then(|l| l.name.clone()),
                 algorithm: limit.map(|l| l.policy.algorithm().as_str()),
                 limit: limit.map(|l| l.policy.params().limit()),
@@ -145,7 +145,7 @@ impl PoliciesView {
             limits.extend(rule.limits.iter().map(|l| row(Some(l))));
         }
         Self {
-            revision: revision_arg(set.revision()),
+            revision: Revision(set.revision()).to_string(),
             domains,
             limits,
         }

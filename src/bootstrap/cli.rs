@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::algorithm::revision_arg;
 use crate::contract::AlgorithmParams;
+use crate::contract::Revision;
 use crate::policy::{ConfigError, Limit, LoadOptions, PolicySet};
 
 /// `check`: a one-line summary of a valid directory, or every error, one per line, as
@@ -20,7 +20,7 @@ pub fn check(dir: &Path, options: &LoadOptions) -> Result<String, Vec<String>> {
                 set.len(),
                 limits,
                 dir.display(),
-                revision_arg(set.revision())
+                Revision(set.revision())
             ))
         }
         Err(errors) => Err(errors.errors().iter().map(ConfigError::to_string).collect()),
@@ -115,7 +115,7 @@ fn describe_limit(limit: &Limit) -> String {
         limit.requests_per_unit,
         limit.unit.as_str(),
         policy.max_cost(),
-        revision_arg(policy.revision()),
+        Revision(policy.revision()),
     )
 }
 

@@ -59,7 +59,7 @@ impl Reloader {
                 telemetry::record_loaded(&set);
                 tracing::info!(
                     trigger,
-                    revision = %crate::algorithm::revision_arg(revision),
+                    revision = %crate::contract::Revision(revision),
                     domains = set.domains().count(),
                     rules = set.len(),
                     "policies reloaded"

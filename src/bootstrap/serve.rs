@@ -89,7 +89,7 @@ pub async fn serve(
     telemetry::record_loaded(&policies);
     tracing::info!(
         dir = %config.policy_dir.display(),
-        revision = %crate::algorithm::revision_arg(policies.revision()),
+        revision = %crate::contract::Revision(policies.revision()),
         domains = policies.domains().count(),
         "policies loaded"
     );

@@ -166,7 +166,7 @@ impl EdgelimitServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.grpc_port)).is_ok() {
+            if listening(self.grpc_port) && listening(self.admin_port) {
                 return;
             }
             if let Some(status) = self
@@ -384,5 +384,18 @@ pub fn wait_until(bound: Duration, mut check: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether something listens on the loopback port. A connection from an ephemeral port to the
+/// same port number connects to itself (TCP simultaneous open) before the server binds it, and
+/// would then keep the server from binding: such a self-connection does not count.
+fn listening(port: u16) -> bool {
+    match TcpStream::connect(("127.0.0.1", port)) {
+        Ok(stream) => match (stream.local_addr(), stream.peer_addr()) {
+            (Ok(local), Ok(peer)) => local != peer,
+            _ => false,
+        },
+        Err(_) => false,
     }
 }

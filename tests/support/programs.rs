@@ -194,12 +194,11 @@ impl Programs {
             match decided.writes[i] {
                 Some(w) => {
                     let policy = checks.iter().find(|c| c.key == *key).unwrap().policy;
-                    let mut expected: Vec<(String, String)> = w
-                        .state
-                        .to_hash(policy)
-                        .into_iter()
-                        .map(|(k, v)| (k.to_owned(), v))
-                        .collect();
+                    let mut expected: Vec<(String, String)> =
+                        edgelimit::redis::state_to_hash(&w.state, policy)
+                            .into_iter()
+                            .map(|(k, v)| (k.to_owned(), v))
+                            .collect();
                     for (k, v) in hash_before {
                         if !expected.iter().any(|(e, _)| e == k) {
                             expected.push((k.clone(), v.clone()));
@@ -263,7 +262,7 @@ impl Programs {
 
     /// Replaces the key with exactly the hash a program would write for `state`.
     pub fn put_state(&mut self, policy: &RateLimitPolicy, key: &str, state: &State, ttl_ms: u64) {
-        self.put_fields(key, &state.to_hash(policy), ttl_ms);
+        self.put_fields(key, &edgelimit::redis::state_to_hash(state, policy), ttl_ms);
     }
 
     pub fn put_fields<V: AsRef<str>>(&mut self, key: &str, fields: &[(&str, V)], ttl_ms: u64) {
@@ -281,7 +280,7 @@ impl Programs {
     pub fn before(&mut self, policy: &RateLimitPolicy, key: &str) -> Before {
         match self.key_type(key).as_str() {
             "none" => Before::Absent,
-            "hash" => match State::from_hash(policy, &self.hash(key)) {
+            "hash" => match edgelimit::redis::state_from_hash(policy, &self.hash(key)) {
                 Ok(s) => Before::Present(s),
                 Err(_) => Before::Incompatible,
             },
@@ -313,12 +312,11 @@ impl Programs {
         );
         match rust.write {
             Some(w) => {
-                let mut expected: Vec<(String, String)> = w
-                    .state
-                    .to_hash(policy)
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v))
-                    .collect();
+                let mut expected: Vec<(String, String)> =
+                    edgelimit::redis::state_to_hash(&w.state, policy)
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v))
+                        .collect();
                 // Fields the program does not know survive HSET.
                 for (k, v) in &hash_before {
                     if !expected.iter().any(|(e, _)| e == k) {

@@ -15,8 +15,6 @@ pub mod token_bucket;
 
 use std::fmt;
 
-use thiserror::Error;
-
 use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy, MAX_EXACT_INTEGER};
 
 /// Status field of a program reply.
@@ -96,9 +94,6 @@ impl ProgramReply {
     }
 }
 
-/// Schema version stored in every state hash (field `v`) and passed as ARGV[1].
-pub const SCHEMA_VERSION: &str = "1";
-
 /// Largest exact integer (2^53 - 1); every intermediate stays at or below it.
 pub const MAX: u64 = MAX_EXACT_INTEGER;
 
@@ -158,8 +153,8 @@ impl<'a, S> From<Option<&'a S>> for Stored<'a, S> {
     }
 }
 
-/// The algorithm-specific state one subject keeps, field for field the Redis hash without its
-/// header (`v a p r`, which the key and [`State::from_hash`] account for).
+/// The algorithm-specific state one subject keeps. Its storage encoding belongs to each backend
+/// (the Redis hash codec lives in the `redis` crate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
     FixedWindow(fixed_window::State),
@@ -278,18 +273,6 @@ pub(crate) fn ceil_div(n: u64, d: u64) -> u64 {
     }
 }
 
-/// Why a stored hash cannot be read as this policy's state.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum StateError {
-    #[error("stored {field} does not match this policy ({expected})")]
-    HeaderMismatch {
-        field: &'static str,
-        expected: &'static str,
-    },
-    #[error("stored field {0} is missing or not a plain decimal integer below 2^53")]
-    MalformedField(&'static str),
-}
-
 impl State {
     pub fn algorithm(&self) -> Algorithm {
         match self {
@@ -307,105 +290,6 @@ impl State {
             State::TokenBucket(s) => s.last_observed_ms,
         }
     }
-
-    /// The hash a program writes for this state, in the programs' field order.
-    pub fn to_hash(&self, policy: &RateLimitPolicy) -> Vec<(&'static str, String)> {
-        let mut fields = vec![
-            ("v", SCHEMA_VERSION.to_owned()),
-            ("a", self.algorithm().as_str().to_owned()),
-            ("p", policy.id().as_str().to_owned()),
-            ("r", revision_arg(policy.revision())),
-            ("o", self.last_observed_ms().to_string()),
-        ];
-        match self {
-            State::FixedWindow(s) => {
-                fields.push(("w", s.window_id.to_string()));
-                fields.push(("c", s.consumed.to_string()));
-            }
-            State::SlidingWindow(s) => {
-                fields.push(("pw", s.previous_window_id.to_string()));
-                fields.push(("pc", s.previous_count.to_string()));
-                fields.push(("cw", s.current_window_id.to_string()));
-                fields.push(("cc", s.current_count.to_string()));
-            }
-            State::TokenBucket(s) => {
-                fields.push(("t", s.tokens.to_string()));
-                fields.push(("m", s.remainder.to_string()));
-            }
-        }
-        fields
-    }
-
-    /// Reads a stored hash (field, value pairs as `HGETALL` returns them) the way the program
-    /// of `policy`'s algorithm does: header equal to this policy, every field plain decimal
-    /// digits (at most 16) not above 2^53 - 1. Ranges that depend on the parameters (count <=
-    /// limit, ...) are checked by `evaluate`. Extra fields are ignored, as in the programs.
-    pub fn from_hash<K: AsRef<[u8]>, V: AsRef<[u8]>>(
-        policy: &RateLimitPolicy,
-        fields: &[(K, V)],
-    ) -> Result<State, StateError> {
-        let get = |name: &str| {
-            fields
-                .iter()
-                .find(|(k, _)| k.as_ref() == name.as_bytes())
-                .map(|(_, v)| v.as_ref())
-        };
-        let algorithm = policy.algorithm();
-        let revision = revision_arg(policy.revision());
-        let header: [(&'static str, &[u8], &'static str); 4] = [
-            ("v", SCHEMA_VERSION.as_bytes(), "schema version"),
-            ("a", algorithm.as_str().as_bytes(), "algorithm"),
-            ("p", policy.id().as_str().as_bytes(), "policy id"),
-            ("r", revision.as_bytes(), "policy revision"),
-        ];
-        for (field, expected, what) in header {
-            if get(field) != Some(expected) {
-                return Err(StateError::HeaderMismatch {
-                    field,
-                    expected: what,
-                });
-            }
-        }
-        let int = |field: &'static str| {
-            get(field)
-                .and_then(parse_decimal)
-                .ok_or(StateError::MalformedField(field))
-        };
-        let last_observed_ms = int("o")?;
-        Ok(match algorithm {
-            Algorithm::FixedWindow => State::FixedWindow(fixed_window::State {
-                last_observed_ms,
-                window_id: int("w")?,
-                consumed: int("c")?,
-            }),
-            Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::State {
-                last_observed_ms,
-                previous_window_id: int("pw")?,
-                previous_count: int("pc")?,
-                current_window_id: int("cw")?,
-                current_count: int("cc")?,
-            }),
-            Algorithm::TokenBucket => State::TokenBucket(token_bucket::State {
-                last_observed_ms,
-                tokens: int("t")?,
-                remainder: int("m")?,
-            }),
-        })
-    }
-}
-
-/// The programs' `int_arg` syntax: 1..=16 ASCII digits, value at most 2^53 - 1.
-pub fn parse_decimal(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 16 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let n = v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-    (n <= MAX).then_some(n)
-}
-
-/// ARGV[3]: the policy revision as 16 lowercase hex digits (also stored as field `r`).
-pub fn revision_arg(revision: u64) -> String {
-    format!("{revision:016x}")
 }
 
 #[cfg(test)]
@@ -415,54 +299,6 @@ mod tests {
 
     fn policy(params: AlgorithmParams) -> RateLimitPolicy {
         RateLimitPolicy::new(PolicyId::new("p.1").unwrap(), 0xab, params, 10, 100, 50).unwrap()
-    }
-
-    #[test]
-    fn decimal_syntax_matches_the_programs() {
-        assert_eq!(parse_decimal(b"0"), Some(0));
-        assert_eq!(parse_decimal(b"007"), Some(7));
-        assert_eq!(parse_decimal(b"9007199254740991"), Some(MAX));
-        assert_eq!(parse_decimal(b"9007199254740992"), None);
-        assert_eq!(parse_decimal(b"09007199254740991"), None, "17 digits");
-        for bad in [&b""[..], b"1e3", b"-1", b" 5", b"0x10", b"+1", b"1.0"] {
-            assert_eq!(parse_decimal(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn hash_round_trip_and_header_checks() {
-        let p = policy(AlgorithmParams::SlidingWindow {
-            limit: 5,
-            window_ms: 1000,
-        });
-        let state = State::SlidingWindow(sliding_window::State {
-            last_observed_ms: 1_700_000_000_123,
-            previous_window_id: 1_699_999_999,
-            previous_count: 3,
-            current_window_id: 1_700_000_000,
-            current_count: 1,
-        });
-        let hash = state.to_hash(&p);
-        assert_eq!(hash[3], ("r", "00000000000000ab".to_owned()));
-        assert_eq!(State::from_hash(&p, &hash), Ok(state));
-
-        let mut wrong_algo = hash.clone();
-        wrong_algo[1].1 = "token_bucket".into();
-        assert!(matches!(
-            State::from_hash(&p, &wrong_algo),
-            Err(StateError::HeaderMismatch { field: "a", .. })
-        ));
-        let mut malformed = hash.clone();
-        malformed[6].1 = "1e3".into();
-        assert_eq!(
-            State::from_hash(&p, &malformed),
-            Err(StateError::MalformedField("pc"))
-        );
-        let missing: Vec<_> = hash.iter().filter(|(k, _)| *k != "cc").cloned().collect();
-        assert_eq!(
-            State::from_hash(&p, &missing),
-            Err(StateError::MalformedField("cc"))
-        );
     }
 
     #[test]

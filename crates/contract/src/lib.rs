@@ -15,7 +15,7 @@ pub use decision::{Certainty, DecisionSource, RateLimitDecision};
 pub use error::ContractError;
 pub use outcome::{IncompatibleCause, IndeterminateCause, RateLimitOutcome, UnavailableCause};
 pub use policy::{
-    Algorithm, AlgorithmParams, FailurePolicy, PolicyId, RateLimitPolicy, MAX_PERIOD_MS,
+    Algorithm, AlgorithmParams, FailurePolicy, PolicyId, RateLimitPolicy, Revision, MAX_PERIOD_MS,
     SLIDING_WEIGHT_SCALE,
 };
 pub use port::{BackendReadiness, RateLimitPort};

@@ -179,6 +179,17 @@ fn window(what: &'static str, value: u64) -> Result<(), ContractError> {
     Ok(())
 }
 
+/// A revision (of a limit's state, or of a policy set), shown as 16 lowercase hex digits: the
+/// form stored in Redis (field `r`), passed to the programs and printed by the admin tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Revision(pub u64);
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// The only failure policy this revision supports: uncertainty never allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailurePolicy {

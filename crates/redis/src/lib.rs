@@ -10,6 +10,7 @@
 
 mod admission;
 mod classify;
+mod codec;
 mod connect;
 mod connections;
 mod io;
@@ -37,6 +38,7 @@ use edgelimit_contract::{
 
 pub use admission::Admission;
 pub use classify::{breaks_connection, classify, Failure};
+pub use codec::{parse_decimal, state_from_hash, state_to_hash, StateError, SCHEMA_VERSION};
 pub use connections::ConnectionSettings;
 pub use keys::KeyBuilder;
 pub use programs::{

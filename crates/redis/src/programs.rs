@@ -5,8 +5,9 @@
 use std::sync::OnceLock;
 
 use edgelimit_algorithm::composite::Mode;
-use edgelimit_algorithm::{revision_arg, SCHEMA_VERSION};
-use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy};
+use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy, Revision};
+
+use crate::codec::SCHEMA_VERSION;
 
 /// Composes one program: a name line, the shared prologue, the algorithm modules, the driver.
 macro_rules! program {
@@ -65,7 +66,7 @@ pub fn program_args(policy: &RateLimitPolicy, cost: u64) -> Vec<String> {
     let mut args = vec![
         SCHEMA_VERSION.to_owned(),
         policy.id().as_str().to_owned(),
-        revision_arg(policy.revision()),
+        Revision(policy.revision()).to_string(),
         cost.to_string(),
         policy.max_clock_regression_ms().to_string(),
         policy.cleanup_grace_ms().to_string(),
@@ -295,7 +296,7 @@ pub fn invocation(
     cmd
 }
 
-/// `revision_arg` without the `String`: 16 lowercase hex digits.
+/// [`Revision`]'s form without the `String`: 16 lowercase hex digits.
 fn hex_u64(value: u64, out: &mut [u8; 16]) -> &[u8; 16] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for (i, byte) in out.iter_mut().enumerate() {
