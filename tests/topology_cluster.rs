@@ -9,9 +9,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fault_load::{assert_all_answered_in_time, assert_fail_closed_in, oks, recovers, Load};
-use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions};
+use common::fault_load::{
+    assert_all_answered_in_time, assert_fail_closed_in, oks, recovers, Load, Sample,
+};
+use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions, OK};
 use common::topologies::{storm, Cluster};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::transport::Channel;
 
 const LIMIT: u64 = 40;
 const SERVERS: usize = 3;
@@ -218,4 +223,228 @@ async fn limits_on_several_slots_never_over_admit_and_partial_commits_are_counte
         "every other unit is a counted partial commit"
     );
     assert_eq!(partial, 0, "the tight shared limit is committed first");
+}
+
+/// Envoy's default `rate_limit_service` timeout: the callers in the fault tests use it.
+const ENVOY_DEADLINE: Duration = Duration::from_millis(20);
+/// How often each subject's caller asks.
+const PACE: Duration = Duration::from_millis(10);
+
+const WIDE_POLICY: &str = r#"
+domain: cluster
+descriptors:
+  - key: user
+    rate_limit:
+      unit: day
+      requests_per_unit: 100000000
+"#;
+
+/// A server at default settings (only the cluster nodes configured).
+fn default_server(cluster: &Cluster) -> EdgelimitServer {
+    EdgelimitServer::start(
+        ServerOptions::memory(&[("cluster.yaml", WIDE_POLICY)]).extra(&cluster.config("")),
+    )
+}
+
+/// `per_node` subjects whose keys live on each master, found by sending one request per probe
+/// subject and seeing which master got its key: `subjects[node]`.
+async fn subjects_per_node(
+    cluster: &Cluster,
+    client: &mut RateLimitServiceClient<Channel>,
+    per_node: usize,
+) -> Vec<Vec<String>> {
+    let mut found = vec![Vec::new(); cluster.nodes.len()];
+    let mut counts = vec![0; cluster.nodes.len()];
+    for i in 0..200 {
+        if found.iter().all(|f: &Vec<String>| f.len() >= per_node) {
+            return found;
+        }
+        let subject = format!("probe-{i}");
+        let req = request("cluster", vec![descriptor(&[("user", &subject)])]);
+        recovers(client, &req, CALLER_TIMEOUT, Duration::from_secs(10)).await;
+        for (n, node) in cluster.nodes.iter().enumerate() {
+            let now = node.keys("edgelimit:rate:*").len();
+            if now > counts[n] {
+                counts[n] = now;
+                if found[n].len() < per_node {
+                    found[n].push(subject.clone());
+                }
+            }
+        }
+    }
+    panic!("no {per_node} subjects on every master among 200 probes: {found:?}");
+}
+
+fn subject_request(subject: &str) -> RateLimitRequest {
+    request("cluster", vec![descriptor(&[("user", subject)])])
+}
+
+/// One load per subject, each its own caller at Envoy's deadline.
+fn load_on(client: &RateLimitServiceClient<Channel>, subjects: &[String]) -> Vec<Load> {
+    subjects
+        .iter()
+        .map(|s| Load::start(client.clone(), subject_request(s), 1, ENVOY_DEADLINE, PACE))
+        .collect()
+}
+
+async fn finish_all(loads: Vec<Load>) -> Vec<Sample> {
+    let mut all = Vec::new();
+    for load in loads {
+        all.extend(load.finish().await);
+    }
+    all.sort_by_key(|s| s.sent);
+    all
+}
+
+/// Of the requests sent in `[from, to)`: how many, and the share answered OK (a decision:
+/// every limit here is far from exhausted).
+fn decided_share(samples: &[Sample], from: Instant, to: Instant) -> (usize, f64) {
+    let inside: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.sent >= from && s.sent < to)
+        .collect();
+    let ok = inside.iter().filter(|s| s.result == Ok(OK)).count();
+    (inside.len(), ok as f64 / inside.len().max(1) as f64)
+}
+
+/// Time from `from` to the first OK sent after it, if any.
+fn recovery(samples: &[Sample], from: Instant) -> Option<Duration> {
+    samples
+        .iter()
+        .find(|s| s.sent >= from && s.result == Ok(OK))
+        .map(|s| s.done - from)
+}
+
+fn failures(metrics: &str, category: &str, cause: &str) -> u64 {
+    metric(
+        metrics,
+        "edgelimit_backend_failures_total",
+        &[("category", category), ("cause", cause)],
+    )
+    .unwrap_or(0.0) as u64
+}
+
+/// A sick master costs its own slots only. Under load at default settings, one master is
+/// paused (SIGSTOP: connects still complete in the kernel, nothing is answered), then resumed,
+/// then killed and restarted. Throughout, the subjects of the two healthy masters are decided
+/// (≥ 95%), those of the sick one never allowed; requests for a master known to be down are
+/// refused before sending (`connect_failed`, nothing consumed) rather than waiting for the
+/// command timeout. Recovery times are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_or_dead_master_costs_only_its_own_slots() {
+    let mut cluster = tokio::task::block_in_place(|| Cluster::start(3));
+    let server = default_server(&cluster);
+    let mut client = server.client().await;
+    let subjects = subjects_per_node(&cluster, &mut client, 2).await;
+    let sick: Vec<String> = subjects[0].clone();
+    let healthy: Vec<String> = subjects[1..].concat();
+    let sick_load = load_on(&client, &sick);
+    let healthy_load = load_on(&client, &healthy);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let warm = Instant::now() - Duration::from_millis(400);
+
+    // Paused.
+    let before = server.metrics();
+    cluster.nodes[0].pause();
+    let paused = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during_pause = server.metrics();
+    cluster.nodes[0].resume();
+    let resumed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // Killed, then restarted (empty: no persistence).
+    tokio::task::block_in_place(|| cluster.nodes[0].kill());
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during_kill = server.metrics();
+    tokio::task::block_in_place(|| cluster.nodes[0].restart());
+    let restarted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let end = Instant::now();
+
+    let healthy_samples = finish_all(healthy_load).await;
+    let sick_samples = finish_all(sick_load).await;
+
+    let (n, baseline) = decided_share(&healthy_samples, warm, paused);
+    eprintln!(
+        "before the fault: {n} healthy-master requests, {:.1}% decided",
+        baseline * 100.0
+    );
+    for (what, from, to) in [
+        ("paused", paused, resumed),
+        ("killed", killed, restarted),
+        ("restarted", restarted, end),
+    ] {
+        let (n, share) = decided_share(&healthy_samples, from, to);
+        eprintln!(
+            "master {what}: {n} healthy-master requests, {:.1}% decided",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "master {what}: only {:.1}% of {n} requests for the healthy masters decided",
+            share * 100.0
+        );
+    }
+    // Nothing for the sick master is allowed while it is paused or dead (SIGSTOP is
+    // asynchronous: give it a moment before dating the fault).
+    let settle = Duration::from_millis(50);
+    for (what, from, to) in [
+        ("paused", paused + settle, resumed),
+        ("killed", killed + settle, restarted),
+    ] {
+        let allowed = sick_samples
+            .iter()
+            .filter(|s| s.sent >= from && s.done < to && s.result == Ok(OK))
+            .count();
+        assert_eq!(allowed, 0, "a request for the {what} master was allowed");
+    }
+    assert!(
+        sick_samples
+            .iter()
+            .any(|s| s.sent < paused && s.result == Ok(OK)),
+        "the sick master's subjects were served before the fault"
+    );
+    let after_resume = recovery(&sick_samples, resumed).expect("served again after SIGCONT");
+    let after_restart = recovery(&sick_samples, restarted).expect("served again after restart");
+    eprintln!(
+        "sick master served again {after_resume:?} after SIGCONT, {after_restart:?} after restart"
+    );
+
+    // Known down: refused before sending, at once.
+    let refused = |m: &str| failures(m, "unavailable", "connect_failed");
+    let timeouts = |m: &str| failures(m, "indeterminate", "timeout");
+    eprintln!(
+        "paused: {} connect_failed, {} timeout; killed: {} connect_failed, {} timeout, {} connection_lost",
+        refused(&during_pause) - refused(&before),
+        timeouts(&during_pause) - timeouts(&before),
+        refused(&during_kill) - refused(&during_pause),
+        timeouts(&during_kill) - timeouts(&during_pause),
+        failures(&during_kill, "indeterminate", "connection_lost")
+            - failures(&during_pause, "indeterminate", "connection_lost"),
+    );
+    assert!(
+        refused(&during_pause) > refused(&before),
+        "requests for the paused master refused before sending once it is known down"
+    );
+    assert!(
+        refused(&during_kill) > refused(&during_pause),
+        "requests for the dead master refused before sending"
+    );
+    // Never a log line per request: one per state change, and a periodic summary.
+    // (The test servers log at debug level; operators see info and above.)
+    let log = server.log_text();
+    let redis_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("redis") && !l.contains(" DEBUG ") && !l.contains(" TRACE "))
+        .collect();
+    eprintln!("{} info/warn log lines mention redis", redis_lines.len());
+    assert!(
+        redis_lines.len() < 20,
+        "{} redis log lines for {} requests:\n{}",
+        redis_lines.len(),
+        sick_samples.len() + healthy_samples.len(),
+        redis_lines.join("\n")
+    );
 }

@@ -36,6 +36,9 @@ pub struct Node {
     /// Extra `redis-cli` arguments needed to talk to it (TLS, user).
     cli_args: Vec<String>,
     pub log: PathBuf,
+    /// How it was started, for `restart`.
+    conf_path: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Node {
@@ -62,24 +65,34 @@ impl Node {
             log.display()
         );
         std::fs::write(&conf_path, conf).expect("write redis.conf");
+        let mut node = Node {
+            port,
+            child: None,
+            cli_args,
+            log,
+            conf_path,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        node.spawn(name);
+        node
+    }
+
+    /// Starts the process from its configuration and waits until it answers `PING`.
+    fn spawn(&mut self, name: &str) {
         let child = Command::new(binary("redis-server"))
-            .arg(&conf_path)
-            .args(extra)
+            .arg(&self.conf_path)
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server (is it installed?)");
-        let mut node = Node {
-            port,
-            child: Some(child),
-            cli_args,
-            log,
-        };
+        self.child = Some(child);
+        let node = self;
         let deadline = Instant::now() + START_BOUND;
         loop {
             if node.cli(&["PING"]).trim() == "PONG" {
-                return node;
+                return;
             }
             if let Some(Ok(Some(status))) = node.child.as_mut().map(|c| c.try_wait()) {
                 panic!(
@@ -137,6 +150,32 @@ impl Node {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Starts the killed process again with the same configuration and directory (a Cluster
+    /// node keeps its `nodes.conf`, so it rejoins as itself).
+    pub fn restart(&mut self) {
+        self.kill();
+        let name = format!("node on port {}", self.port);
+        self.spawn(&name);
+    }
+
+    /// SIGSTOP / SIGCONT: the process keeps its sockets (connects still complete in the
+    /// kernel) but answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status();
         }
     }
 }

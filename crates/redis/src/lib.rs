@@ -10,6 +10,7 @@
 
 mod admission;
 mod classify;
+mod cluster;
 mod codec;
 mod connect;
 mod connections;
@@ -51,7 +52,8 @@ pub use settings::{
 };
 pub use slot::key_slot;
 
-use connect::Connector;
+use cluster::{Cluster, Router};
+use connect::{Connector, NodeClients};
 use connections::Connections;
 use io::{IoThread, Sent};
 
@@ -61,8 +63,21 @@ pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// connect) after it is back.
 pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
 
+/// Where commands go: a pool of interchangeable connections (standalone, Sentinel), or the
+/// Cluster master owning each command's slot.
+enum Pool {
+    Shared(Connections),
+    Cluster(Cluster),
+}
+
+/// Where one call goes.
+enum Route {
+    Link(Arc<connections::Live>),
+    Slot(Router, u16),
+}
+
 pub struct RedisBackend {
-    connections: Connections,
+    pool: Pool,
     io: IoThread,
     /// Redis's clock minus this host's, in ms, as the last reply showed it (`i64::MIN`:
     /// unknown). Biased early by the reply's transit, which only makes deadlines stricter.
@@ -90,6 +105,14 @@ enum Call<'a> {
 }
 
 impl Call<'_> {
+    /// The key that picks the Cluster slot (every key of a call shares it).
+    fn first_key(&self) -> &str {
+        match self {
+            Call::Single { key, .. } => key,
+            Call::Composite { keys, .. } => keys.first().copied().unwrap_or_default(),
+        }
+    }
+
     fn program<'p>(&self, programs: &'p Programs) -> &'p Program {
         match self {
             Call::Single { policy, .. } => programs.for_algorithm(policy.algorithm()),
@@ -217,24 +240,31 @@ impl RedisBackend {
     /// first connection is up are `Unavailable`.
     pub fn start(settings: RedisSettings) -> Result<Self, RedisSetupError> {
         settings.validate()?;
-        let connector = Arc::new(Connector::build(&settings)?);
         let io =
             IoThread::start().map_err(|e| RedisSetupError::Client(format!("I/O thread: {e}")))?;
         let programs = Programs::load();
-        let connections = Connections::start(
-            connector,
-            ConnectionSettings {
-                count: settings.connections,
-                connect_timeout: settings.connect_timeout,
-                health_check_interval: HEALTH_CHECK_INTERVAL,
-                health_check_timeout: settings.connect_timeout,
-                max_backoff: MAX_RECONNECT_BACKOFF,
-                preload: programs.all().iter().map(|p| p.source).collect(),
-            },
-            io.handle(),
-        );
+        let connection_settings = ConnectionSettings {
+            count: settings.connections,
+            connect_timeout: settings.connect_timeout,
+            health_check_interval: HEALTH_CHECK_INTERVAL,
+            health_check_timeout: settings.connect_timeout,
+            max_backoff: MAX_RECONNECT_BACKOFF,
+            preload: programs.all().iter().map(|p| p.source).collect(),
+        };
+        let pool = match &settings.topology {
+            Topology::Cluster { .. } => Pool::Cluster(Cluster::start(
+                NodeClients::build(&settings)?,
+                connection_settings,
+                io.handle(),
+            )),
+            _ => Pool::Shared(Connections::start(
+                Arc::new(Connector::build(&settings)?),
+                connection_settings,
+                io.handle(),
+            )),
+        };
         Ok(Self {
-            connections,
+            pool,
             io,
             clock_offset_ms: AtomicI64::new(i64::MIN),
             admission: Admission::new(settings.max_in_flight),
@@ -247,7 +277,7 @@ impl RedisBackend {
     /// Waits until a connection is up, at most `bound`; returns whether one is.
     pub async fn wait_connected(&self, bound: Duration) -> bool {
         let deadline = Instant::now() + bound;
-        while self.connections.live_count() == 0 {
+        while self.live_connections() == 0 {
             if Instant::now() >= deadline {
                 return false;
             }
@@ -264,8 +294,12 @@ impl RedisBackend {
         self.admission.in_flight()
     }
 
+    /// Live connections (Cluster: masters that are up, one connection each).
     pub fn live_connections(&self) -> usize {
-        self.connections.live_count()
+        match &self.pool {
+            Pool::Shared(connections) => connections.live_count(),
+            Pool::Cluster(cluster) => cluster.masters_up(),
+        }
     }
 
     fn is_cluster(&self) -> bool {
@@ -299,16 +333,29 @@ impl RedisBackend {
         call: &Call<'_>,
         deadline: Instant,
     ) -> Result<Vec<ProgramReply>, Failure> {
+        // No live connection (Cluster: the slot's master is not up): nothing is sent, so
+        // nothing can have changed; answered at once.
+        let route = match &self.pool {
+            Pool::Shared(connections) => Route::Link(
+                connections
+                    .pick()
+                    .ok_or(Failure::Unavailable(UnavailableCause::ConnectFailed))?,
+            ),
+            Pool::Cluster(cluster) => {
+                let router = cluster.router();
+                let slot = key_slot(call.first_key().as_bytes());
+                if !router.available(slot) {
+                    return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
+                }
+                Route::Slot(router, slot)
+            }
+        };
         let ticket = self
             .admission
             .admit(deadline, self.settings.command_timeout)
             .await
             .map_err(Failure::Unavailable)?;
         let budget = ticket.budget;
-        // No live connection: nothing is sent, so nothing can have changed.
-        let Some(live) = self.connections.pick() else {
-            return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
-        };
         let program = call.program(&self.programs);
         let started = Instant::now();
         let command_deadline = started + budget;
@@ -317,12 +364,22 @@ impl RedisBackend {
         let (result, finished) = loop {
             // The EVALSHA and the one resend share the command deadline.
             let cmd = call.command(program, sent_source, deadline_ms);
-            let (sent, finished) = self.io.send(live.link.clone(), cmd, command_deadline).await;
+            let (sent, finished) = match &route {
+                Route::Link(live) => self.io.send(live.link.clone(), cmd, command_deadline).await,
+                Route::Slot(router, slot) => {
+                    self.io
+                        .route(router.clone(), *slot, cmd, command_deadline)
+                        .await
+                }
+            };
             match sent {
                 Sent::TimedOut => {
                     // The command may sit in Redis's input buffer and run later: uncertain.
-                    // A paused or half-open server is found by an immediate health check.
-                    self.connections.suspect(&live);
+                    // A paused or half-open server is found by an immediate health check
+                    // (the router does it for its node).
+                    if let (Route::Link(live), Pool::Shared(connections)) = (&route, &self.pool) {
+                        connections.suspect(live);
+                    }
                     break (
                         Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
                         finished,
@@ -331,6 +388,12 @@ impl RedisBackend {
                 Sent::Lost => {
                     break (
                         Err(Failure::Indeterminate(IndeterminateCause::ConnectionLost)),
+                        finished,
+                    )
+                }
+                Sent::NotSent => {
+                    break (
+                        Err(Failure::Unavailable(UnavailableCause::ConnectFailed)),
                         finished,
                     )
                 }
@@ -347,8 +410,10 @@ impl RedisBackend {
                 }
                 Sent::Reply(Err(error)) => {
                     let failure = classify(&error);
-                    if live.link.broken_by(&error) {
-                        self.connections.mark_broken(&live);
+                    if let (Route::Link(live), Pool::Shared(connections)) = (&route, &self.pool) {
+                        if live.link.broken_by(&error) {
+                            connections.mark_broken(live);
+                        }
                     }
                     tracing::debug!(%error, ?failure, "redis command failed");
                     break (Err(failure), finished);
@@ -523,7 +588,7 @@ impl RateLimitPort for RedisBackend {
     }
 
     async fn readiness(&self) -> BackendReadiness {
-        if self.connections.live_count() > 0 {
+        if self.live_connections() > 0 {
             BackendReadiness::Ready
         } else {
             BackendReadiness::NotReady("no live Redis connection".into())
@@ -536,10 +601,13 @@ impl RateLimitPort for RedisBackend {
             Topology::Sentinel(_) => "sentinel",
             Topology::Cluster { .. } => "cluster",
         };
+        let connections = match self.pool {
+            Pool::Shared(_) => format!("{} connections", self.settings.connections),
+            Pool::Cluster(_) => "one connection per master".to_owned(),
+        };
         format!(
-            "redis {topology}{} ({} connections, command timeout {:?})",
+            "redis {topology}{} ({connections}, command timeout {:?})",
             if self.settings.uses_tls() { " tls" } else { "" },
-            self.settings.connections,
             self.settings.command_timeout
         )
     }
