@@ -448,3 +448,115 @@ async fn a_hung_or_dead_master_costs_only_its_own_slots() {
         redis_lines.join("\n")
     );
 }
+
+/// A slot migrates under load: the slot's master answers `ASK` once the key has moved and
+/// `MOVED` once the slot is reassigned; both are followed (`ASKING` to the importing master),
+/// so the subject stays decided, and its count on the new master is exactly what was granted
+/// (plus at most the requests that ended undecided).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrating_under_load_is_followed() {
+    let cluster = tokio::task::block_in_place(|| Cluster::start(3));
+    let server = default_server(&cluster);
+    let mut client = server.client().await;
+    let subject = subjects_per_node(&cluster, &mut client, 1).await[0][0].clone();
+    let (from, to) = (&cluster.nodes[0], &cluster.nodes[1]);
+    // Its key: the one with a count of its own (the other probes have 1).
+    const EXTRA: u64 = 4;
+    for _ in 0..EXTRA {
+        recovers(
+            &mut client,
+            &subject_request(&subject),
+            CALLER_TIMEOUT,
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+    let key = from
+        .keys("edgelimit:rate:*")
+        .into_iter()
+        .find(|k| from.cli(&["HGET", k, "c"]).trim() == (EXTRA + 1).to_string())
+        .expect("the subject's key on its master");
+    let slot = from.cli(&["CLUSTER", "KEYSLOT", &key]).trim().to_owned();
+    let id = |n: &common::topologies::Node| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let (from_id, to_id) = (id(from), id(to));
+
+    let loads = load_on(&client, &[subject.clone(), subject.clone()]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    tokio::task::block_in_place(|| {
+        assert_eq!(
+            to.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id])
+                .trim(),
+            "OK"
+        );
+        assert_eq!(
+            from.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id])
+                .trim(),
+            "OK"
+        );
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The key moves: its old master answers ASK from now on.
+    let migrated = tokio::task::block_in_place(|| {
+        from.cli(&[
+            "MIGRATE",
+            "127.0.0.1",
+            &to.port.to_string(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            &key,
+        ])
+    });
+    assert_eq!(migrated.trim(), "OK", "MIGRATE");
+    let asked = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The slot is reassigned: MOVED from the old master.
+    tokio::task::block_in_place(|| {
+        for node in [to, from, &cluster.nodes[2]] {
+            assert_eq!(
+                node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id])
+                    .trim(),
+                "OK"
+            );
+        }
+    });
+    let moved = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let end = Instant::now();
+    let samples = finish_all(loads).await;
+
+    for (what, a, b) in [
+        ("migrating", started, asked),
+        ("ASK", asked, moved),
+        ("MOVED", moved, end),
+    ] {
+        let (n, share) = decided_share(&samples, a, b);
+        eprintln!(
+            "slot migration, {what}: {n} requests, {:.1}% decided",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "{what}: only {:.1}% of {n} decided",
+            share * 100.0
+        );
+    }
+    assert!(
+        from.keys("edgelimit:rate:*").iter().all(|k| *k != key),
+        "the key left"
+    );
+    let count: u64 = to
+        .cli(&["HGET", &key, "c"])
+        .trim()
+        .parse()
+        .expect("count on the new master");
+    let granted = oks(&samples) + EXTRA + 1;
+    let undecided = samples.iter().filter(|s| s.result != Ok(OK)).count() as u64;
+    eprintln!("count {count}, granted {granted}, undecided {undecided}");
+    assert!(
+        count >= granted && count <= granted + undecided,
+        "count {count} on the new master, {granted} granted, {undecided} undecided"
+    );
+}
