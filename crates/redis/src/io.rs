@@ -24,7 +24,7 @@ pub enum Sent {
     /// The I/O thread is gone (the backend is shutting down): the command may have been sent.
     Lost,
     /// Refused before sending: the Cluster master for its slot is not up.
-    NotSent,
+    Refused,
 }
 
 pub struct IoThread {
@@ -87,7 +87,7 @@ impl IoThread {
             let sent = match router.send(slot, &cmd, deadline).await {
                 Routed::Reply(reply) => Sent::Reply(reply),
                 Routed::TimedOut => Sent::TimedOut,
-                Routed::NotSent => Sent::NotSent,
+                Routed::NotSent => Sent::Refused,
             };
             let _ = done.send((sent, Instant::now()));
         });

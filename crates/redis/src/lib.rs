@@ -391,7 +391,7 @@ impl RedisBackend {
                         finished,
                     )
                 }
-                Sent::NotSent => {
+                Sent::Refused => {
                     break (
                         Err(Failure::Unavailable(UnavailableCause::ConnectFailed)),
                         finished,

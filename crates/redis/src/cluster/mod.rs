@@ -77,11 +77,14 @@ impl SlotMap {
     }
 }
 
+/// A node and the task keeping it connected.
+type Supervised = (Arc<Node>, JoinHandle<()>);
+
 struct Inner {
     map: ArcSwap<SlotMap>,
     /// Every node with a task: the map's masters and the seeds. Touched only on refreshes
     /// and redirects, never per request.
-    nodes: Mutex<HashMap<String, (Arc<Node>, JoinHandle<()>)>>,
+    nodes: Mutex<HashMap<String, Supervised>>,
     seeds: Vec<String>,
     clients: NodeClients,
     settings: ConnectionSettings,
