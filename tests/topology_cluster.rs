@@ -13,7 +13,7 @@ use common::fault_load::{
     assert_all_answered_in_time, assert_fail_closed_in, oks, recovers, Load, Sample,
 };
 use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions, OK};
-use common::topologies::{storm, Cluster};
+use common::topologies::{storm, wait_for, Cluster, Node};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::transport::Channel;
@@ -253,8 +253,18 @@ async fn subjects_per_node(
     client: &mut RateLimitServiceClient<Channel>,
     per_node: usize,
 ) -> Vec<Vec<String>> {
-    let mut found = vec![Vec::new(); cluster.nodes.len()];
-    let mut counts = vec![0; cluster.nodes.len()];
+    let nodes: Vec<&Node> = cluster.nodes.iter().collect();
+    subjects_on(&nodes, client, per_node).await
+}
+
+/// As `subjects_per_node`, on these masters only (a replica holds its master's keys too).
+async fn subjects_on(
+    nodes: &[&Node],
+    client: &mut RateLimitServiceClient<Channel>,
+    per_node: usize,
+) -> Vec<Vec<String>> {
+    let mut found = vec![Vec::new(); nodes.len()];
+    let mut counts = vec![0; nodes.len()];
     for i in 0..200 {
         if found.iter().all(|f: &Vec<String>| f.len() >= per_node) {
             return found;
@@ -262,7 +272,7 @@ async fn subjects_per_node(
         let subject = format!("probe-{i}");
         let req = request("cluster", vec![descriptor(&[("user", &subject)])]);
         recovers(client, &req, CALLER_TIMEOUT, Duration::from_secs(10)).await;
-        for (n, node) in cluster.nodes.iter().enumerate() {
+        for (n, node) in nodes.iter().enumerate() {
             let now = node.keys("edgelimit:rate:*").len();
             if now > counts[n] {
                 counts[n] = now;
@@ -477,7 +487,7 @@ async fn a_slot_migrating_under_load_is_followed() {
         .find(|k| from.cli(&["HGET", k, "c"]).trim() == (EXTRA + 1).to_string())
         .expect("the subject's key on its master");
     let slot = from.cli(&["CLUSTER", "KEYSLOT", &key]).trim().to_owned();
-    let id = |n: &common::topologies::Node| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let id = |n: &Node| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
     let (from_id, to_id) = (id(from), id(to));
 
     let loads = load_on(&client, &[subject.clone(), subject.clone()]);
@@ -559,4 +569,124 @@ async fn a_slot_migrating_under_load_is_followed() {
         count >= granted && count <= granted + undecided,
         "count {count} on the new master, {granted} granted, {undecided} undecided"
     );
+}
+
+/// Replicas take over under load: a `CLUSTER FAILOVER` on a replica (its old master answers
+/// `MOVED` from then on: followed), then the new master is killed and the cluster promotes
+/// its replica (the old master) by itself; the slot map is read again every second while a
+/// master is not up, so its subjects are served again without a redirect. The other
+/// masters' subjects stay decided throughout; times are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_promoted_under_load_take_over_their_slots() {
+    let mut cluster = tokio::task::block_in_place(|| Cluster::start_with_replicas(3, 1));
+    let server = default_server(&cluster);
+    let mut client = server.client().await;
+    let masters: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| cluster.nodes[i].is_master())
+        .collect();
+    assert_eq!(masters.len(), 3);
+    let on: Vec<&Node> = masters.iter().map(|&i| &cluster.nodes[i]).collect();
+    let subjects = subjects_on(&on, &mut client, 2).await;
+    let (first, replica) = (
+        masters[0],
+        cluster
+            .replica_of(masters[0])
+            .expect("a replica of the first master"),
+    );
+    let moving_load = load_on(&client, &subjects[0]);
+    let healthy_load = load_on(&client, &subjects[1..].concat());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A manual failover: the replica becomes master, its master a replica.
+    let failover = Instant::now();
+    tokio::task::block_in_place(|| {
+        assert_eq!(
+            cluster.nodes[replica].cli(&["CLUSTER", "FAILOVER"]).trim(),
+            "OK"
+        );
+        wait_for("the replica is master", Duration::from_secs(10), || {
+            cluster.nodes[replica].is_master() && !cluster.nodes[first].is_master()
+        });
+    });
+    let switched = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // The new master dies: the cluster promotes the old one (cluster-node-timeout 3 s).
+    tokio::task::block_in_place(|| cluster.nodes[replica].kill());
+    let killed = Instant::now();
+    tokio::task::block_in_place(|| {
+        wait_for(
+            "the old master is promoted back",
+            Duration::from_secs(15),
+            || cluster.nodes[first].is_master(),
+        )
+    });
+    let promoted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let end = Instant::now();
+    let moving = finish_all(moving_load).await;
+    let healthy = finish_all(healthy_load).await;
+
+    let m = server.metrics();
+    for line in m
+        .lines()
+        .filter(|l| l.starts_with("edgelimit_backend_failures_total"))
+    {
+        eprintln!("{line}");
+    }
+    // When the undecided requests of the other masters fell, relative to the kill.
+    let mut buckets = std::collections::BTreeMap::new();
+    for s in healthy
+        .iter()
+        .filter(|s| s.sent >= killed && s.result != Ok(OK))
+    {
+        *buckets
+            .entry(((s.sent - killed).as_millis() / 250) * 250)
+            .or_insert(0) += 1;
+    }
+    eprintln!(
+        "other masters' undecided requests by ms after the kill: {buckets:?}; promoted at {:?}",
+        promoted - killed
+    );
+    // Between the cluster marking the dead master failed (after cluster-node-timeout, 3 s
+    // here) and the replica's election, Redis itself answers CLUSTERDOWN on every master
+    // (`cluster-require-full-coverage yes`, its default): reported, not asserted.
+    let marked = killed + Duration::from_secs(3);
+    for (what, from, to) in [
+        ("manual failover", failover, killed),
+        ("new master killed, not yet marked failed", killed, marked),
+        ("after the promotion", promoted, end),
+    ] {
+        let (n, share) = decided_share(&healthy, from, to);
+        eprintln!(
+            "{what}: {n} other-master requests, {:.1}% decided",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "{what}: only {:.1}% of {n} decided",
+            share * 100.0
+        );
+    }
+    let (n, share) = decided_share(&healthy, marked, promoted);
+    eprintln!(
+        "marked failed until the promotion (Redis answers CLUSTERDOWN): {n} other-master \
+         requests, {:.1}% decided",
+        share * 100.0
+    );
+    let (n, share) = decided_share(&moving, failover, killed);
+    eprintln!(
+        "manual failover: the moving master's subjects {:.1}% decided of {n} (switched after {:?})",
+        share * 100.0,
+        switched - failover
+    );
+    let back = recovery(&moving, promoted).expect("served after the automatic promotion");
+    eprintln!(
+        "new master killed: cluster promoted its replica after {:?}; its subjects served {:?} \
+         after that",
+        promoted - killed,
+        back
+    );
+    let after_switch = recovery(&moving, switched).expect("served after the manual failover");
+    eprintln!("manual failover: first OK {after_switch:?} after the switch");
 }

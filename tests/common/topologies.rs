@@ -139,6 +139,11 @@ impl Node {
             .collect()
     }
 
+    /// Whether `ROLE` says master.
+    pub fn is_master(&self) -> bool {
+        self.cli(&["ROLE"]).lines().next() == Some("master")
+    }
+
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
         let prefix = format!("{field}:");
         self.cli(&["INFO", section])
@@ -195,8 +200,15 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(masters: usize) -> Cluster {
+        Self::start_with_replicas(masters, 0)
+    }
+
+    /// `masters` masters with `replicas` replicas each (`nodes` holds all of them; which is
+    /// which is `is_master`).
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> Cluster {
+        let total = masters * (1 + replicas);
         let dir = tempfile::tempdir().expect("cluster dir");
-        let nodes: Vec<Node> = (0..masters)
+        let nodes: Vec<Node> = (0..total)
             .map(|i| {
                 let port = free_port();
                 // The bus port is chosen explicitly: port + 10000 may be taken or out of range.
@@ -216,7 +228,7 @@ impl Cluster {
         let out = Command::new(binary("redis-cli"))
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("redis-cli --cluster create");
@@ -231,11 +243,28 @@ impl Cluster {
             cluster.nodes.iter().all(|n| {
                 let info = n.cli(&["CLUSTER", "INFO"]);
                 info.contains("cluster_state:ok")
-                    && info.contains(&format!("cluster_known_nodes:{masters}"))
+                    && info.contains(&format!("cluster_known_nodes:{total}"))
                     && info.contains("cluster_slots_assigned:16384")
             })
         });
+        if replicas > 0 {
+            wait_for("every replica in sync", START_BOUND, || {
+                cluster
+                    .nodes
+                    .iter()
+                    .filter(|n| !n.is_master())
+                    .all(|n| n.info_field("replication", "master_link_status") == Some("up".into()))
+            });
+        }
         cluster
+    }
+
+    /// The index of the node replicating `master`'s node, if any.
+    pub fn replica_of(&self, master: usize) -> Option<usize> {
+        let port = self.nodes[master].port.to_string();
+        self.nodes.iter().position(|n| {
+            !n.is_master() && n.info_field("replication", "master_port") == Some(port.clone())
+        })
     }
 
     pub fn urls(&self) -> Vec<String> {
