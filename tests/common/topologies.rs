@@ -612,3 +612,105 @@ pub async fn storm(
     }
     per_subject
 }
+
+/// A TLS-only 3-master Cluster (`tls-cluster yes`: the bus and `CLUSTER SLOTS` use the TLS
+/// ports) requiring client certificates, with the `edgelimit` ACL user plus the Cluster
+/// commands it needs.
+pub struct TlsCluster {
+    pub nodes: Vec<Node>,
+    pub certs: Certs,
+    pub password: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl TlsCluster {
+    pub fn start(masters: usize) -> TlsCluster {
+        let dir = tempfile::tempdir().expect("tls cluster dir");
+        let certs = Certs::generate(dir.path());
+        let password = "acl-p4ss-0123456789".to_owned();
+        let admin = "admin-p4ss-0123456789";
+        let cli_args: Vec<String> = vec![
+            "--tls".into(),
+            "--cacert".into(),
+            certs.ca.display().to_string(),
+            "--cert".into(),
+            certs.client_cert.display().to_string(),
+            "--key".into(),
+            certs.client_key.display().to_string(),
+            "--user".into(),
+            "admin".into(),
+            "--pass".into(),
+            admin.into(),
+            "--no-auth-warning".into(),
+        ];
+        let nodes: Vec<Node> = (0..masters)
+            .map(|i| {
+                let port = free_port();
+                let bus = free_port();
+                let conf = format!(
+                    "port 0\ntls-port {port}\ntls-cluster yes\ntls-replication yes\n\
+                     tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+                     tls-client-cert-file {client_cert}\ntls-client-key-file {client_key}\n\
+                     tls-auth-clients yes\ncluster-enabled yes\ncluster-port {bus}\n\
+                     cluster-config-file nodes.conf\ncluster-node-timeout 3000\n\
+                     user default off\nuser {ACL_USER} on >{password} {ACL_RULES} +cluster|slots +asking\n\
+                     user admin on >{admin} ~* &* +@all\n",
+                    cert = certs.server_cert.display(),
+                    key = certs.server_key.display(),
+                    ca = certs.ca.display(),
+                    client_cert = certs.client_cert.display(),
+                    client_key = certs.client_key.display(),
+                );
+                Node::start_with_cli(dir.path(), &format!("node{i}"), port, &conf, &[], cli_args.clone())
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
+        let out = Command::new(binary("redis-cli"))
+            .args(&cli_args)
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "tls cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = TlsCluster {
+            nodes,
+            certs,
+            password,
+            dir,
+        };
+        wait_for("cluster_state:ok on every node", START_BOUND, || {
+            cluster.nodes.iter().all(|n| {
+                let info = n.cli(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{masters}"))
+                    && info.contains("cluster_slots_assigned:16384")
+            })
+        });
+        cluster
+    }
+
+    /// The server's `redis:` section: the nodes over TLS, the test CA and client certificate,
+    /// the ACL user with the password read from `password_file`.
+    pub fn config(&self, password_file: &Path) -> String {
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("rediss://{}", n.addr()))
+            .collect();
+        format!(
+            "backend: redis\nredis:\n  cluster_nodes: [{}]\n  username: {ACL_USER}\n  password_file: {}\n  tls:\n    ca_file: {}\n    cert_file: {}\n    key_file: {}\n",
+            urls.join(", "),
+            password_file.display(),
+            self.certs.ca.display(),
+            self.certs.client_cert.display(),
+            self.certs.client_key.display()
+        )
+    }
+}
