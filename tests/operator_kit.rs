@@ -880,3 +880,180 @@ fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// `edgelimit top`: the live view, driven in a pseudo-terminal against a running server.
+
+fn binary() -> PathBuf {
+    std::env::var_os("EDGELIMIT_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_edgelimit")))
+}
+
+/// Waits at most `bound` for the child, killing it after that.
+fn wait_output(mut child: std::process::Child, bound: Duration) -> (bool, String) {
+    let deadline = std::time::Instant::now() + bound;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().expect("child output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters final-byte.
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else if c != '\r' {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_shows_live_figures_from_a_running_server_in_a_terminal() {
+    let test = "top_shows_live_figures_from_a_running_server_in_a_terminal";
+    // util-linux `script` runs the command in a pseudo-terminal.
+    let Some(script) = tool("script", "util-linux, Debian package bsdutils", test) else {
+        return;
+    };
+    let redis = RedisServer::start();
+    let server = EdgelimitServer::start(ServerOptions::redis(
+        &redis.url(),
+        &[("kit.yaml", &policy(5))],
+    ));
+    let (status, body) = server.admin_get("/admin/policies");
+    assert_eq!(status, 200, "{body}");
+    let view: Value = serde_json::from_str(&body).expect("admin JSON");
+    let policy_id = view["limits"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == "per-user"))
+        .and_then(|l| l["policy_id"].as_str())
+        .expect("per-user policy id")
+        .to_owned();
+
+    // Traffic for the whole run: each subject passes 5 times, then is denied.
+    let mut client = server.client().await;
+    let traffic = tokio::spawn(async move {
+        for round in 0..120u32 {
+            for i in 0..8 {
+                let user = format!("raw-subject-{}", round / 10 * 8 + i);
+                let req = request("kit", vec![descriptor(&[("user", &user)])]);
+                call(&mut client, req).await.expect("call");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+
+    let admin = format!("127.0.0.1:{}", server.admin_port);
+    let command = format!(
+        "{} top --admin {admin} --interval 1s --iterations 4",
+        binary().display()
+    );
+    let child = Command::new(&script)
+        .args(["-qefc", &command, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn script");
+    let (ok, raw) =
+        tokio::task::spawn_blocking(move || wait_output(child, Duration::from_secs(30)))
+            .await
+            .expect("join");
+    assert!(ok, "top failed:\n{raw}");
+    // On a terminal every frame redraws the screen.
+    let frames: Vec<String> = raw.split("\x1b[2J").skip(1).map(strip_ansi).collect();
+    assert_eq!(frames.len(), 4, "{raw}");
+    assert!(
+        frames[0].contains("(rates from the next refresh)"),
+        "{}",
+        frames[0]
+    );
+    let last = &frames[3];
+    assert!(last.contains("READY"), "{last}");
+    let figure = |line_start: &str, field: usize| -> f64 {
+        let line = last
+            .lines()
+            .find(|l| l.starts_with(line_start))
+            .unwrap_or_else(|| panic!("no `{line_start}` line:\n{last}"));
+        let token = line.split_whitespace().nth(field).unwrap_or_default();
+        token
+            .trim_end_matches("/s")
+            .trim_end_matches("ms")
+            .trim_end_matches('%')
+            .parse()
+            .unwrap_or_else(|_| panic!("`{token}` in `{line}`"))
+    };
+    assert!(figure("requests", 1) > 0.0, "{last}");
+    assert!(figure("requests", 6) > 0.0, "p99 {last}");
+    assert!(figure("backend redis connections", 3) >= 1.0, "{last}");
+    let (allowed, denied, ratio) = (
+        figure(&policy_id, 1),
+        figure(&policy_id, 2),
+        figure(&policy_id, 5),
+    );
+    assert!(allowed > 0.0 && denied > 0.0, "{last}");
+    assert!(ratio > 0.0 && ratio < 100.0, "{last}");
+    assert!(
+        !raw.contains("raw-subject"),
+        "a descriptor value reached the view"
+    );
+
+    // Piped: frames one after another, no escape codes.
+    let piped = Command::new(binary())
+        .args([
+            "top",
+            "--admin",
+            &admin,
+            "--interval",
+            "200ms",
+            "--iterations",
+            "2",
+        ])
+        .output()
+        .expect("run top");
+    let text = String::from_utf8_lossy(&piped.stdout);
+    assert!(piped.status.success(), "{text}");
+    assert!(!text.contains('\x1b'), "{text}");
+    assert_eq!(text.matches("edgelimit top").count(), 2, "{text}");
+    traffic.abort();
+
+    // Nothing listening: a clear error, exit 1.
+    let closed = common::redis_server::free_port();
+    let failed = Command::new(binary())
+        .args([
+            "top",
+            "--admin",
+            &format!("127.0.0.1:{closed}"),
+            "--iterations",
+            "1",
+        ])
+        .output()
+        .expect("run top");
+    assert_eq!(failed.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        err.contains(&format!("error: admin endpoint 127.0.0.1:{closed}")),
+        "{err}"
+    );
+}
