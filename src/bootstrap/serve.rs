@@ -68,8 +68,17 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
             draft: config.headers.draft,
             legacy: config.headers.legacy,
             retry_after: config.headers.retry_after,
+            reference: config
+                .headers
+                .reference
+                .then(|| crate::envoy::ReferenceHeaderNames {
+                    limit: config.headers.reference_names.limit.clone(),
+                    remaining: config.headers.reference_names.remaining.clone(),
+                    reset: config.headers.reference_names.reset.clone(),
+                }),
         },
         shadow_mode: config.shadow_mode,
+        quota_mode: config.quota_mode,
         default_timeout: config.default_timeout,
         deadline_margin: config.deadline_margin,
         bounds: config.limits.request_bounds(),
