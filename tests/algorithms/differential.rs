@@ -6,9 +6,8 @@
 //! the stored hash (aging it by whole windows / milliseconds, moving `o` into the future to
 //! simulate clock regression, or replacing it by a random valid state).
 
-mod common;
-#[path = "support/programs.rs"]
-mod programs;
+use crate::common;
+use crate::programs;
 
 use std::time::Duration;
 
