@@ -415,7 +415,10 @@ async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving(backend:
     // and the other descriptors are still decided.
     let r = call(
         &mut client,
-        request("compat", vec![descriptor(&[]), descriptor(&[("block", "x")])]),
+        request(
+            "compat",
+            vec![descriptor(&[]), descriptor(&[("block", "x")])],
+        ),
     )
     .await
     .expect("answered");

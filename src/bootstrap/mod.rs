@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+mod json;
 pub use edgelimit_policy::duration;
 mod listener;
 pub mod readiness;
