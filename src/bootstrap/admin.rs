@@ -53,6 +53,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthcheck", get(healthcheck))
         .route("/json", any(json).layer(DefaultBodyLimit::max(max)))
         .route("/admin/policies", get(policies))
+        .route("/rlconfig", get(rlconfig))
         .with_state(state)
 }
 
@@ -154,6 +155,25 @@ async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
             format!("cannot render policies: {e}\n"),
         ),
     }
+}
+
+/// The reference's `/rlconfig`: one line per configured limit (configuration only).
+async fn rlconfig(State(state): State<AdminState>) -> impl IntoResponse {
+    let set = state.policies.load();
+    let mut out = String::new();
+    for row in PoliciesView::of(&set).limits {
+        out.push_str(&format!(
+            "{}: policy={} limit={} period_ms={} algorithm={} unlimited={} shadow_mode={}\n",
+            row.display_path,
+            row.policy_id.as_deref().unwrap_or("-"),
+            row.limit.map_or("-".to_owned(), |l| l.to_string()),
+            row.period_ms.map_or("-".to_owned(), |p| p.to_string()),
+            row.algorithm.unwrap_or("-"),
+            row.unlimited,
+            row.shadow,
+        ));
+    }
+    ([(header::CONTENT_TYPE, TEXT)], out)
 }
 
 /// `/admin/policies`: the loaded set, one row per configured limit (and per `unlimited` rule).

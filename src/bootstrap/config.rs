@@ -45,6 +45,15 @@ pub struct ServerConfig {
     /// How long a shutdown waits for in-flight requests before exiting anyway.
     #[serde(with = "serde_duration")]
     pub shutdown_grace: Duration,
+    pub readiness: ReadinessConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadinessConfig {
+    /// Not ready while the loaded policy set has no domain (the reference's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub require_policies: bool,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +77,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             log: LogConfig::default(),
             shutdown_grace: Duration::from_secs(10),
+            readiness: ReadinessConfig::default(),
         }
     }
 }
@@ -131,6 +141,10 @@ pub struct RedisConfig {
     /// Back-off advised to clients when Redis cannot decide.
     #[serde(with = "serde_duration")]
     pub retry_after: Duration,
+    /// Reference environment mode: `REDIS_AUTH` is `user:password`; the password is what
+    /// follows the first colon.
+    #[serde(skip)]
+    pub password_after_colon: bool,
 }
 
 #[derive(Clone, Deserialize)]
@@ -178,6 +192,7 @@ impl Default for RedisConfig {
             connections: d.connections,
             max_in_flight: d.max_in_flight,
             retry_after: d.retry_after,
+            password_after_colon: false,
         }
     }
 }
@@ -278,7 +293,13 @@ impl RedisConfig {
                 "redis",
                 self.password_file.as_deref(),
                 self.password_env.as_deref(),
-            )?,
+            )?
+            .map(|p| match p.expose().split_once(':') {
+                Some((_, password)) if self.password_after_colon => {
+                    crate::redis::Secret::new(password.to_owned())
+                }
+                _ => p,
+            }),
             tls: self.tls.as_ref().map(|t| TlsFiles {
                 ca_file: t.ca_file.clone(),
                 cert_file: t.cert_file.clone(),

@@ -8,6 +8,7 @@ mod json;
 pub use edgelimit_policy::duration;
 mod listener;
 pub mod readiness;
+pub mod refenv;
 pub mod reload;
 pub mod secret;
 mod serve;

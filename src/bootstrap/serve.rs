@@ -172,6 +172,9 @@ async fn run<B: RateLimitPort>(
     let mut tasks = ops.tasks;
     let readiness = Readiness::new();
     readiness.set_policies_loaded();
+    if config.readiness.require_policies {
+        readiness.require_policies(policies.clone());
+    }
     let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
