@@ -74,7 +74,7 @@ const MEANINGLESS: &[(&str, &str)] = &[
     ("EXTRA_TAGS", "no statsd"),
     ("STATS_FLUSH_INTERVAL", "no statsd"),
     ("DISABLE_STATS", "metrics cannot be turned off"),
-    ("NEAR_LIMIT_RATIO", "it only feeds the reference's near_limit statsd counter"),
+    ("NEAR_LIMIT_RATIO", "edgelimit_near_limit_total uses a fixed ratio of 0.8"),
     ("EXPIRATION_JITTER_MAX_SECONDS", "keys expire exactly when their window (plus a grace) ends"),
     ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "a denied request never consumes here"),
     ("REDIS_PIPELINE_WINDOW", "requests are pipelined on dedicated I/O connections"),
