@@ -274,7 +274,9 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
     redis(&vars, &mut c)?;
 
     c.log.level = match vars.or("LOG_LEVEL", "WARN").to_ascii_lowercase().as_str() {
-        l @ ("trace" | "debug" | "info" | "warn" | "error") => l.to_owned(),
+        // Debug detail for edgelimit itself; its HTTP/2 and Redis libraries stay at info.
+        l @ ("trace" | "debug") => format!("info,edgelimit={l}"),
+        l @ ("info" | "warn" | "error") => l.to_owned(),
         "warning" => "warn".to_owned(),
         "fatal" | "panic" => "error".to_owned(),
         other => {
@@ -517,7 +519,10 @@ mod tests {
         assert_eq!(c.redis.url.as_deref(), Some("redis://redis.ns:6379"));
         assert_eq!(c.redis.command_timeout, Duration::from_millis(1500));
         assert_eq!(c.redis.key_prefix, "rl:");
-        assert_eq!((c.log.level.as_str(), c.log.json), ("debug", true));
+        assert_eq!(
+            (c.log.level.as_str(), c.log.json),
+            ("info,edgelimit=debug", true)
+        );
         assert!(c.shadow_mode && c.headers.reference && c.readiness.require_policies);
         assert_eq!(c.headers.reference_names.reset, "X-Reset");
         assert_eq!(c.headers.reference_names.limit, "RateLimit-Limit");
