@@ -207,6 +207,7 @@ mod tests {
             descriptor: 0,
             limit: Cow::Borrowed(limit),
             shadow,
+            rule_shadow: shadow,
             cost: Cost::Peek,
         }
     }
