@@ -40,6 +40,11 @@ enum Command {
         /// Log as JSON lines.
         #[arg(long)]
         log_json: bool,
+        /// Configure from envoyproxy/ratelimit's environment variables (RUNTIME_ROOT,
+        /// REDIS_URL, ...) plus EDGELIMIT_HMAC_SECRET_FILE or EDGELIMIT_HMAC_SECRET, instead
+        /// of a configuration file. See the README's migration guide.
+        #[arg(long, env = "EDGELIMIT_REFERENCE_ENV", conflicts_with = "config")]
+        reference_env: bool,
     },
     /// Validate a policy directory (for CI): prints `file:line:column: field: message` per
     /// error and exits 1, or a one-line summary and exits 0.
@@ -64,6 +69,54 @@ enum Command {
         /// Descriptor entries in order, as `key=value`.
         entries: Vec<String>,
     },
+    /// Live view of a running server from its admin endpoint: decisions per second per
+    /// policy and result, denial ratio, backend health, latency. Refreshes until Ctrl-C.
+    Top {
+        /// The server's `admin_listen` address, e.g. `127.0.0.1:9090`.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        admin: String,
+        /// Time between refreshes, e.g. `1s`, `500ms`.
+        #[arg(long, default_value = "1s", value_parser = parse_interval)]
+        interval: std::time::Duration,
+        /// Stop after this many refreshes (default: run until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+        /// Policies shown at most, busiest first; the others are summed on one line.
+        #[arg(long, default_value_t = bootstrap::top::DEFAULT_ROWS)]
+        rows: usize,
+    },
+}
+
+fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    let d = bootstrap::duration::parse_duration(text)?;
+    if d < std::time::Duration::from_millis(100) {
+        return Err("the interval must be at least 100ms".into());
+    }
+    Ok(d)
+}
+
+fn top(
+    admin: String,
+    interval: std::time::Duration,
+    iterations: Option<u64>,
+    rows: usize,
+) -> ExitCode {
+    let stdout = std::io::stdout();
+    let options = bootstrap::top::TopOptions {
+        addr: admin,
+        interval,
+        iterations,
+        rows: rows.max(1),
+        // Redraw in place only on a terminal; piped output gets one frame after another.
+        clear: std::io::IsTerminal::is_terminal(&stdout),
+    };
+    match bootstrap::top::run(&options, &mut stdout.lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn load_config(path: Option<&PathBuf>) -> Result<ServerConfig, ExitCode> {
@@ -179,6 +232,12 @@ fn main() -> ExitCode {
             domain,
             entries,
         } => explain(policy_dir, config, domain, entries),
+        Command::Top {
+            admin,
+            interval,
+            iterations,
+            rows,
+        } => top(admin, interval, iterations, rows),
         Command::Serve {
             config,
             listen,
@@ -186,17 +245,35 @@ fn main() -> ExitCode {
             policy_dir,
             redis_url,
             log_json,
+            reference_env,
         } => {
-            let mut server_config = match config {
-                Some(path) => match ServerConfig::load(&path) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::from(2);
+            let mut warning = None;
+            let mut server_config =
+                match config {
+                    Some(path) => match ServerConfig::load(&path) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(2);
+                        }
+                    },
+                    None if reference_env => {
+                        // Non-UTF-8 variables cannot be reference settings; they are skipped.
+                        match bootstrap::refenv::from_vars(std::env::vars_os().filter_map(
+                            |(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)),
+                        )) {
+                            Ok(r) => {
+                                warning = r.warning;
+                                r.config
+                            }
+                            Err(e) => {
+                                eprintln!("error: {e}");
+                                return ExitCode::from(2);
+                            }
+                        }
                     }
-                },
-                None => ServerConfig::default(),
-            };
+                    None => ServerConfig::default(),
+                };
             if let Some(listen) = listen {
                 server_config.listen = listen;
             }
@@ -211,6 +288,9 @@ fn main() -> ExitCode {
             }
             server_config.log.json |= log_json;
             init_logging(&server_config);
+            if let Some(warning) = warning {
+                tracing::warn!("{warning}");
+            }
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {

@@ -26,7 +26,11 @@ pub struct ServerConfig {
     pub deny_cache: DenyCacheConfig,
     /// `over_limit` (default) or `grpc_unavailable`.
     pub failure_mode: FailureModeConfig,
+    /// Global shadow mode (the reference's `SHADOW_MODE`): statuses as computed, the overall
+    /// code never `OVER_LIMIT`.
     pub shadow_mode: bool,
+    /// Global quota mode (the reference's `QUOTA_MODE`): every descriptor is a quota one.
+    pub quota_mode: bool,
     /// Deadline for callers that send no `grpc-timeout`.
     #[serde(with = "serde_duration")]
     pub default_timeout: Duration,
@@ -41,6 +45,15 @@ pub struct ServerConfig {
     /// How long a shutdown waits for in-flight requests before exiting anyway.
     #[serde(with = "serde_duration")]
     pub shutdown_grace: Duration,
+    pub readiness: ReadinessConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadinessConfig {
+    /// Not ready while the loaded policy set has no domain (the reference's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub require_policies: bool,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +69,7 @@ impl Default for ServerConfig {
             deny_cache: DenyCacheConfig::default(),
             failure_mode: FailureModeConfig::OverLimit,
             shadow_mode: false,
+            quota_mode: false,
             default_timeout: Duration::from_secs(1),
             deadline_margin: Duration::from_millis(2),
             headers: HeadersConfig::default(),
@@ -63,6 +77,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             log: LogConfig::default(),
             shutdown_grace: Duration::from_secs(10),
+            readiness: ReadinessConfig::default(),
         }
     }
 }
@@ -123,9 +138,15 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     pub connections: usize,
     pub max_in_flight: usize,
+    /// Most requests decided by one batch program call; 1 turns batching off.
+    pub batch_max: usize,
     /// Back-off advised to clients when Redis cannot decide.
     #[serde(with = "serde_duration")]
     pub retry_after: Duration,
+    /// Reference environment mode: `REDIS_AUTH` is `user:password`; the password is what
+    /// follows the first colon.
+    #[serde(skip)]
+    pub password_after_colon: bool,
 }
 
 #[derive(Clone, Deserialize)]
@@ -172,7 +193,9 @@ impl Default for RedisConfig {
             connect_timeout: d.connect_timeout,
             connections: d.connections,
             max_in_flight: d.max_in_flight,
+            batch_max: d.batch_max,
             retry_after: d.retry_after,
+            password_after_colon: false,
         }
     }
 }
@@ -200,6 +223,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("connections", &self.connections)
             .field("max_in_flight", &self.max_in_flight)
+            .field("batch_max", &self.batch_max)
             .field("retry_after", &self.retry_after)
             .finish()
     }
@@ -273,7 +297,13 @@ impl RedisConfig {
                 "redis",
                 self.password_file.as_deref(),
                 self.password_env.as_deref(),
-            )?,
+            )?
+            .map(|p| match p.expose().split_once(':') {
+                Some((_, password)) if self.password_after_colon => {
+                    crate::redis::Secret::new(password.to_owned())
+                }
+                _ => p,
+            }),
             tls: self.tls.as_ref().map(|t| TlsFiles {
                 ca_file: t.ca_file.clone(),
                 cert_file: t.cert_file.clone(),
@@ -284,6 +314,7 @@ impl RedisConfig {
             connect_timeout: self.connect_timeout,
             connections: self.connections,
             max_in_flight: self.max_in_flight,
+            batch_max: self.batch_max,
             retry_after: self.retry_after,
         })
     }
@@ -360,6 +391,10 @@ pub struct HeadersConfig {
     pub draft: bool,
     pub legacy: bool,
     pub retry_after: bool,
+    /// The reference's `RateLimit-Limit` / `-Remaining` / `-Reset` trio
+    /// (`LIMIT_RESPONSE_HEADERS_ENABLED`).
+    pub reference: bool,
+    pub reference_names: ReferenceHeaderNamesConfig,
 }
 
 impl Default for HeadersConfig {
@@ -369,7 +404,47 @@ impl Default for HeadersConfig {
             draft: d.draft,
             legacy: d.legacy,
             retry_after: d.retry_after,
+            reference: d.reference.is_some(),
+            reference_names: ReferenceHeaderNamesConfig::default(),
         }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReferenceHeaderNamesConfig {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for ReferenceHeaderNamesConfig {
+    fn default() -> Self {
+        let d = crate::envoy::ReferenceHeaderNames::default();
+        Self {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset: d.reset,
+        }
+    }
+}
+
+impl ReferenceHeaderNamesConfig {
+    /// Header names must be valid HTTP field names (token characters), or Envoy drops them.
+    fn validate(&self) -> Result<(), String> {
+        for (field, name) in [
+            ("limit", &self.limit),
+            ("remaining", &self.remaining),
+            ("reset", &self.reset),
+        ] {
+            let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+            if name.is_empty() || !name.bytes().all(token) {
+                return Err(format!(
+                    "headers.reference_names.{field}: `{name}` is not a valid HTTP header name"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -561,6 +636,7 @@ impl ServerConfig {
         let config: Self =
             serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())?;
         config.limits.validate()?;
+        config.headers.reference_names.validate()?;
         if config.deny_cache.enabled && config.deny_cache.max_entries == 0 {
             return Err(
                 "deny_cache.max_entries: must be at least 1 (or set deny_cache.enabled: false)"

@@ -4,13 +4,16 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+mod json;
 pub use edgelimit_policy::duration;
 mod listener;
 pub mod readiness;
+pub mod refenv;
 pub mod reload;
 pub mod secret;
 mod serve;
 pub mod telemetry;
+pub mod top;
 
 pub use config::{BackendKind, ServerConfig};
 pub use serve::{load_options, load_policies, serve, ServeHandle};

@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::Notify;
 
 use crate::contract::{BackendReadiness, RateLimitPort};
+use crate::policy::PolicySet;
 
 #[derive(Debug)]
 pub struct Readiness {
@@ -16,6 +17,8 @@ pub struct Readiness {
     /// Why the backend is not ready; `None` once it reported `Ready`.
     backend_not_ready: ArcSwapOption<String>,
     shutting_down: AtomicBool,
+    /// Set with `readiness.require_policies`: not ready while this set has no domain.
+    required_policies: std::sync::OnceLock<Arc<ArcSwap<PolicySet>>>,
     changed: Notify,
 }
 
@@ -27,6 +30,7 @@ impl Default for Readiness {
                 "backend readiness not checked yet".to_owned(),
             ),
             shutting_down: AtomicBool::new(false),
+            required_policies: std::sync::OnceLock::new(),
             changed: Notify::new(),
         }
     }
@@ -39,6 +43,13 @@ impl Readiness {
 
     pub fn set_policies_loaded(&self) {
         self.policies_loaded.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// `readiness.require_policies`: from now on, not ready while `policies` (the live,
+    /// reloaded set) holds no domain.
+    pub fn require_policies(&self, policies: Arc<ArcSwap<PolicySet>>) {
+        let _ = self.required_policies.set(policies);
         self.changed.notify_waiters();
     }
 
@@ -68,6 +79,11 @@ impl Readiness {
         }
         if !self.policies_loaded.load(Ordering::SeqCst) {
             return Err("policies not loaded".into());
+        }
+        if let Some(policies) = self.required_policies.get() {
+            if policies.load().domains().next().is_none() {
+                return Err("no policy domain loaded (readiness.require_policies)".into());
+            }
         }
         if let Some(reason) = self.backend_not_ready.load_full() {
             return Err(format!("backend not ready: {reason}"));

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use edgelimit_deny_cache::{DenyCache, DenyCacheSettings};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 
 use tokio::task::JoinHandle;
@@ -68,8 +69,17 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
             draft: config.headers.draft,
             legacy: config.headers.legacy,
             retry_after: config.headers.retry_after,
+            reference: config
+                .headers
+                .reference
+                .then(|| crate::envoy::ReferenceHeaderNames {
+                    limit: config.headers.reference_names.limit.clone(),
+                    remaining: config.headers.reference_names.remaining.clone(),
+                    reset: config.headers.reference_names.reset.clone(),
+                }),
         },
         shadow_mode: config.shadow_mode,
+        quota_mode: config.quota_mode,
         default_timeout: config.default_timeout,
         deadline_margin: config.deadline_margin,
         bounds: config.limits.request_bounds(),
@@ -162,6 +172,9 @@ async fn run<B: RateLimitPort>(
     let mut tasks = ops.tasks;
     let readiness = Readiness::new();
     readiness.set_policies_loaded();
+    if config.readiness.require_policies {
+        readiness.require_policies(policies.clone());
+    }
     let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
@@ -195,10 +208,23 @@ async fn run<B: RateLimitPort>(
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin_listen))?;
     let admin_addr = admin_listener.local_addr()?;
+    // Shared by gRPC and `/json`: one limiter, one set of counters.
+    let limiter = Arc::new(limiter);
+    let default_timeout = config.default_timeout;
+    let json_limiter = limiter.clone();
+    let decide: admin::Decide = Arc::new(move |request| {
+        let limiter = json_limiter.clone();
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            limiter.decide(&request, started + default_timeout).await
+        })
+    });
     let admin_router = admin::router(AdminState {
         readiness: readiness.clone(),
         policies: policies.clone(),
         metrics: ops.metrics,
+        decide,
+        max_json_bytes: config.limits.max_request_bytes,
     });
     // The admin listener outlives the gRPC drain, so `/readyz` answers 503 throughout it.
     tasks.push(tokio::spawn(async move {
@@ -219,8 +245,7 @@ async fn run<B: RateLimitPort>(
         .build_v1()
         .context("building the gRPC reflection service")?;
     let limits = &config.limits;
-    let rls = limiter
-        .into_server()
+    let rls = RateLimitServiceServer::from_arc(limiter)
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_response_bytes);
     let incoming = GuardedIncoming::new(listener, connection_limits(limits));

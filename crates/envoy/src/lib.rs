@@ -15,7 +15,7 @@ pub mod subject;
 mod translate;
 
 pub use deadline::parse_grpc_timeout;
-pub use headers::{HeaderFacts, HeaderSettings};
+pub use headers::{HeaderFacts, HeaderSettings, ReferenceHeaderNames};
 pub use limiter::RateLimiter;
 pub use settings::{FailureMode, ServiceSettings};
 pub use translate::{RequestBounds, RequestError};

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod batch;
 mod classify;
 mod cluster;
 mod codec;
@@ -43,15 +44,17 @@ pub use codec::{parse_decimal, state_from_hash, state_to_hash, StateError, SCHEM
 pub use connections::ConnectionSettings;
 pub use keys::KeyBuilder;
 pub use programs::{
-    composite_invocation, composite_source, invocation, program_args, program_source,
-    CompositeCheck, Program, Programs,
+    batch_invocation, batch_source, composite_invocation, composite_source, invocation,
+    program_args, program_source, BatchMember, CompositeCheck, Program, Programs,
 };
 pub use reply::{parse as parse_reply, parse_many as parse_replies, ReplyError};
 pub use settings::{
     Redacted, RedisSettings, RedisSetupError, Secret, SentinelSettings, TlsFiles, Topology,
+    MAX_BATCH,
 };
 pub use slot::key_slot;
 
+use batch::Batcher;
 use cluster::{Cluster, Router};
 use connect::{Connector, NodeClients};
 use connections::Connections;
@@ -66,7 +69,7 @@ pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
 /// Where commands go: a pool of interchangeable connections (standalone, Sentinel), or the
 /// Cluster master owning each command's slot.
 enum Pool {
-    Shared(Connections),
+    Shared(Arc<Connections>),
     Cluster(Cluster),
 }
 
@@ -78,13 +81,16 @@ enum Route {
 
 pub struct RedisBackend {
     pool: Pool,
+    /// Requests queue for a batch call while the window of calls in flight is full; none on
+    /// Cluster (each request's keys are routed to their own node) or with `batch_max` 1.
+    batcher: Option<Arc<Batcher>>,
     io: IoThread,
     /// Redis's clock minus this host's, in ms, as the last reply showed it (`i64::MIN`:
     /// unknown). Biased early by the reply's transit, which only makes deadlines stricter.
     clock_offset_ms: AtomicI64,
     admission: Admission,
     keys: KeyBuilder,
-    programs: Programs,
+    programs: Arc<Programs>,
     settings: RedisSettings,
 }
 
@@ -95,6 +101,7 @@ enum Call<'a> {
         key: &'a str,
         policy: &'a RateLimitPolicy,
         cost: u64,
+        shadow: bool,
     },
     /// Several limits whose keys share one slot: the composite program.
     Composite {
@@ -127,13 +134,42 @@ impl Call<'_> {
         deadline_ms: Option<u64>,
     ) -> ::redis::Cmd {
         match self {
-            Call::Single { key, policy, cost } => {
-                invocation(program, with_source, key, policy, *cost, deadline_ms)
-            }
+            Call::Single {
+                key, policy, cost, ..
+            } => invocation(program, with_source, key, policy, *cost, deadline_ms),
             Call::Composite { mode, keys, checks } => {
                 composite_invocation(program, with_source, *mode, keys, checks, deadline_ms)
             }
         }
+    }
+
+    /// The same decision as a member of a batch call.
+    fn member(&self, deadline_ms: Option<u64>) -> BatchMember {
+        match self {
+            Call::Single {
+                key,
+                policy,
+                cost,
+                shadow,
+            } => BatchMember::new(
+                Mode::Commit,
+                &[key],
+                &[CompositeCheck {
+                    key: 0,
+                    policy,
+                    cost: *cost,
+                    shadow: *shadow,
+                }],
+                deadline_ms,
+            ),
+            Call::Composite { mode, keys, checks } => {
+                BatchMember::new(*mode, keys, checks, deadline_ms)
+            }
+        }
+    }
+
+    fn is_single(&self) -> bool {
+        matches!(self, Call::Single { .. })
     }
 
     fn parse(&self, value: &Value) -> Result<Vec<ProgramReply>, ReplyError> {
@@ -201,6 +237,7 @@ impl Plan {
                 key: &self.keys[self.key_of[*only]],
                 policy: check.policy(),
                 cost: check.cost().units(),
+                shadow: check.is_shadow(),
             };
         }
         // The group's keys, numbered in order of first use.
@@ -242,7 +279,7 @@ impl RedisBackend {
         settings.validate()?;
         let io =
             IoThread::start().map_err(|e| RedisSetupError::Client(format!("I/O thread: {e}")))?;
-        let programs = Programs::load();
+        let programs = Arc::new(Programs::load());
         let connection_settings = ConnectionSettings {
             count: settings.connections,
             connect_timeout: settings.connect_timeout,
@@ -251,20 +288,39 @@ impl RedisBackend {
             max_backoff: MAX_RECONNECT_BACKOFF,
             preload: programs.all().iter().map(|p| p.source).collect(),
         };
-        let pool = match &settings.topology {
-            Topology::Cluster { .. } => Pool::Cluster(Cluster::start(
-                NodeClients::build(&settings)?,
-                connection_settings,
-                io.handle(),
-            )),
-            _ => Pool::Shared(Connections::start(
-                Arc::new(Connector::build(&settings)?),
-                connection_settings,
-                io.handle(),
-            )),
+        let (pool, batcher) = match &settings.topology {
+            Topology::Cluster { .. } => (
+                Pool::Cluster(Cluster::start(
+                    NodeClients::build(&settings)?,
+                    connection_settings,
+                    io.handle(),
+                )),
+                None,
+            ),
+            _ => {
+                let connections = Arc::new(Connections::start(
+                    Arc::new(Connector::build(&settings)?),
+                    connection_settings,
+                    io.handle(),
+                ));
+                let batcher = (settings.batch_max > 1).then(|| {
+                    // About two calls in flight per connection: one being answered while the
+                    // next is on its way, the rest of the requests gathered into the calls
+                    // that follow.
+                    Batcher::new(
+                        settings.connections * 2,
+                        settings.batch_max,
+                        connections.clone(),
+                        programs.clone(),
+                        io.handle().clone(),
+                    )
+                });
+                (Pool::Shared(connections), batcher)
+            }
         };
         Ok(Self {
             pool,
+            batcher,
             io,
             clock_offset_ms: AtomicI64::new(i64::MIN),
             admission: Admission::new(settings.max_in_flight),
@@ -360,6 +416,20 @@ impl RedisBackend {
         let started = Instant::now();
         let command_deadline = started + budget;
         let deadline_ms = self.redis_deadline(budget);
+        // With the window of calls in flight full, the request joins the next batch call.
+        let turn = match &self.batcher {
+            None => None,
+            Some(batcher) => match Batcher::try_alone(batcher) {
+                Some(turn) => Some(turn),
+                None => {
+                    let member = call.member(deadline_ms);
+                    let (result, finished) =
+                        Batcher::queue(batcher, member, call.is_single(), command_deadline).await;
+                    ticket.finish(finished.saturating_duration_since(started));
+                    return self.replies(call, program, result?);
+                }
+            },
+        };
         let mut sent_source = false;
         let (result, finished) = loop {
             // The EVALSHA and the one resend share the command deadline.
@@ -420,10 +490,20 @@ impl RedisBackend {
                 }
             }
         };
+        drop(turn);
         let latency = finished.saturating_duration_since(started);
         ticket.finish(latency);
         program.latency().record(latency.as_secs_f64());
-        let value = result?;
+        self.replies(call, program, result?)
+    }
+
+    /// Parses a call's reply into one reply per check (and learns Redis's clock from it).
+    fn replies(
+        &self,
+        call: &Call<'_>,
+        program: &Program,
+        value: Value,
+    ) -> Result<Vec<ProgramReply>, Failure> {
         let replies = call.parse(&value).map_err(|error| {
             tracing::warn!(%error, program = program.name, ?value, "incompatible program reply");
             Failure::Incompatible(IncompatibleCause::MalformedReply)
@@ -535,7 +615,7 @@ impl RedisBackend {
                 }
                 if !admitted(&outcomes, group) {
                     if committed > 0 {
-                        metrics::counter!("edgelimit_redis_partial_commits_total")
+                        metrics::counter!(edgelimit_metrics::REDIS_PARTIAL_COMMITS)
                             .increment(committed as u64);
                     }
                     break;
