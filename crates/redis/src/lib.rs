@@ -391,19 +391,15 @@ impl RedisBackend {
     ) -> Result<Vec<ProgramReply>, Failure> {
         // No live connection (Cluster: the slot's master is not up): nothing is sent, so
         // nothing can have changed; answered at once.
-        let route = match &self.pool {
-            Pool::Shared(connections) => Route::Link(
-                connections
-                    .pick()
-                    .ok_or(Failure::Unavailable(UnavailableCause::ConnectFailed))?,
-            ),
+        let cluster_route = match &self.pool {
+            Pool::Shared(_) => None,
             Pool::Cluster(cluster) => {
                 let router = cluster.router();
                 let slot = key_slot(call.first_key().as_bytes());
                 if !router.available(slot) {
                     return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
                 }
-                Route::Slot(router, slot)
+                Some(Route::Slot(router, slot))
             }
         };
         let ticket = self
@@ -429,6 +425,17 @@ impl RedisBackend {
                     return self.replies(call, program, result?);
                 }
             },
+        };
+        let route = match (cluster_route, &self.pool) {
+            (Some(route), _) => route,
+            (None, Pool::Shared(connections)) => Route::Link(
+                connections
+                    .pick()
+                    .ok_or(Failure::Unavailable(UnavailableCause::ConnectFailed))?,
+            ),
+            (None, Pool::Cluster(_)) => {
+                return Err(Failure::Unavailable(UnavailableCause::ConnectFailed))
+            }
         };
         let mut sent_source = false;
         let (result, finished) = loop {
