@@ -4,14 +4,13 @@
 
 use std::borrow::Cow;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use thiserror::Error;
 
 use edgelimit_contract::{ContractError, Cost, Enforcement, LimitCheck, SubjectDigest};
 use edgelimit_policy::{Limit, PolicySet, Unit};
 
 use crate::subject::SubjectHasher;
+use crate::wire::{Descriptor as RateLimitDescriptor, Request as RateLimitRequest};
 
 /// Limits on what one request may carry. Beyond them the call is `INVALID_ARGUMENT`.
 #[derive(Debug, Clone)]
@@ -262,14 +261,14 @@ pub(crate) fn plan<'p>(
 
 fn digests(
     hashers: &Hashers<'_>,
-    domain: &str,
+    domain: &[u8],
     descriptor: &RateLimitDescriptor,
 ) -> (SubjectDigest, Option<SubjectDigest>) {
     let entries = || {
         descriptor
             .entries
             .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .map(|e| (e.key.as_slice(), e.value.as_slice()))
     };
     (
         hashers.current.digest(domain, entries()),
@@ -286,13 +285,17 @@ fn applicable_limits<'p>(
 ) -> Result<(Vec<Applied<'p>>, Vec<bool>), RequestError> {
     let mut applied = Vec::with_capacity(request.descriptors.len());
     let mut unlimited = vec![false; request.descriptors.len()];
-    if !policies.has_domain(&request.domain) {
+    // Policy domains are UTF-8: a domain that is not is like any other unknown domain.
+    let Some(domain) = std::str::from_utf8(&request.domain)
+        .ok()
+        .filter(|d| policies.has_domain(d))
+    else {
         return Ok((applied, unlimited));
-    }
+    };
     let mut replaced: Vec<&str> = Vec::new();
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let cost = || descriptor_cost_checked(index, request.hits_addend, descriptor);
-        if let Some(limit) = override_limit(policies, &request.domain, index, descriptor)? {
+        if let Some(limit) = override_limit(policies, domain, index, descriptor)? {
             applied.push(Applied {
                 descriptor: index,
                 limit: Cow::Owned(limit),
@@ -304,8 +307,8 @@ fn applicable_limits<'p>(
         let entries = descriptor
             .entries
             .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()));
-        let Some(rule) = policies.find(&request.domain, entries) else {
+            .map(|e| (e.key.as_slice(), e.value.as_slice()));
+        let Some(rule) = policies.find(domain, entries) else {
             continue;
         };
         unlimited[index] = rule.unlimited;
@@ -395,7 +398,7 @@ fn override_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use crate::wire::Entry;
     use envoy_types::pb::google::protobuf::UInt64Value;
 
     fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -403,8 +406,8 @@ mod tests {
             entries: entries
                 .iter()
                 .map(|(k, v)| Entry {
-                    key: k.to_string(),
-                    value: v.to_string(),
+                    key: k.as_bytes().to_vec(),
+                    value: v.as_bytes().to_vec(),
                 })
                 .collect(),
             ..Default::default()
@@ -413,7 +416,7 @@ mod tests {
 
     fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
         RateLimitRequest {
-            domain: domain.into(),
+            domain: domain.as_bytes().to_vec(),
             descriptors,
             hits_addend: 0,
         }

@@ -110,7 +110,7 @@ fn depth_must_equal_entry_count() {
     assert!(set
         .find("api", [("remote_address", "1.2.3.4"), ("path", "/x")])
         .is_none());
-    assert!(set.find("api", []).is_none());
+    assert!(set.find("api", [] as [(&str, &str); 0]).is_none());
 }
 
 #[test]
