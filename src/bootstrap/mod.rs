@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub use edgelimit_policy::duration;
 mod listener;
+pub mod log_filter;
 pub mod readiness;
 pub mod reload;
 pub mod secret;
