@@ -64,6 +64,54 @@ enum Command {
         /// Descriptor entries in order, as `key=value`.
         entries: Vec<String>,
     },
+    /// Live view of a running server from its admin endpoint: decisions per second per
+    /// policy and result, denial ratio, backend health, latency. Refreshes until Ctrl-C.
+    Top {
+        /// The server's `admin_listen` address, e.g. `127.0.0.1:9090`.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        admin: String,
+        /// Time between refreshes, e.g. `1s`, `500ms`.
+        #[arg(long, default_value = "1s", value_parser = parse_interval)]
+        interval: std::time::Duration,
+        /// Stop after this many refreshes (default: run until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+        /// Policies shown at most, busiest first; the others are summed on one line.
+        #[arg(long, default_value_t = bootstrap::top::DEFAULT_ROWS)]
+        rows: usize,
+    },
+}
+
+fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    let d = bootstrap::duration::parse_duration(text)?;
+    if d < std::time::Duration::from_millis(100) {
+        return Err("the interval must be at least 100ms".into());
+    }
+    Ok(d)
+}
+
+fn top(
+    admin: String,
+    interval: std::time::Duration,
+    iterations: Option<u64>,
+    rows: usize,
+) -> ExitCode {
+    let stdout = std::io::stdout();
+    let options = bootstrap::top::TopOptions {
+        addr: admin,
+        interval,
+        iterations,
+        rows: rows.max(1),
+        // Redraw in place only on a terminal; piped output gets one frame after another.
+        clear: std::io::IsTerminal::is_terminal(&stdout),
+    };
+    match bootstrap::top::run(&options, &mut stdout.lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn load_config(path: Option<&PathBuf>) -> Result<ServerConfig, ExitCode> {
@@ -188,6 +236,12 @@ fn main() -> ExitCode {
             domain,
             entries,
         } => explain(policy_dir, config, domain, entries),
+        Command::Top {
+            admin,
+            interval,
+            iterations,
+            rows,
+        } => top(admin, interval, iterations, rows),
         Command::Serve {
             config,
             listen,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::fault_load::call_with_timeout;
 use common::redis_server::RedisServer;
-use common::server::{descriptor, request, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};
+use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};
 
 const LIMIT: u64 = 100;
 const SERVERS: usize = 3;
@@ -127,6 +127,15 @@ async fn three_servers_one_redis_allow_exactly_the_limit_at_default_settings() {
         .map(|k| redis.cli(&["--raw", "HGET", k, "c"]).trim().to_owned())
         .collect();
     assert_eq!(counts, vec![LIMIT.to_string(); ROUNDS]);
+    // The bursts went to Redis in batches (the window of calls in flight filled up).
+    let (mut batches, mut batched) = (0.0, 0.0);
+    for server in &servers {
+        let text = server.metrics();
+        batches += metric(&text, "edgelimit_redis_batch_requests_count", &[]).unwrap_or(0.0);
+        batched += metric(&text, "edgelimit_redis_batch_requests_sum", &[]).unwrap_or(0.0);
+    }
+    assert!(batches > 0.0, "no batch call under a burst of {total}");
+    println!("{batched} requests in {batches} batch calls");
     // What overload cost: shed before sending (overloaded, expired_in_queue).
     println!("{}", failures(&servers));
 }

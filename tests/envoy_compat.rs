@@ -1,11 +1,12 @@
-//! envoyproxy/ratelimit compatibility, behaviour by behaviour, against the real binary and a
-//! private Redis. Each test states the reference behaviour it checks or the deliberate
-//! difference.
+//! envoyproxy/ratelimit compatibility, behaviour by behaviour, against the real binary on
+//! every backend (embedded, a private Redis, a private 3-master Cluster). Each test states the
+//! reference behaviour it checks or the deliberate difference.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::backends::{Backend, Deployment};
 use common::redis_server::RedisServer;
 use common::server::{call, descriptor, request, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -52,23 +53,11 @@ descriptors:
     rate_limit: { unit: hour, requests_per_unit: 0, name: blocked }
 "#;
 
-struct Fixture {
-    _redis: RedisServer,
-    server: EdgelimitServer,
+fn start(backend: Backend, extra: &str) -> Deployment {
+    Deployment::start_with(backend, &[("compat.yaml", POLICY)], extra)
 }
 
-fn start(extra: &str) -> Fixture {
-    let redis = RedisServer::start();
-    let server = EdgelimitServer::start(
-        ServerOptions::redis(&redis.url(), &[("compat.yaml", POLICY)]).extra(extra),
-    );
-    Fixture {
-        _redis: redis,
-        server,
-    }
-}
-
-async fn ask(f: &Fixture, entries: &[(&str, &str)]) -> RateLimitResponse {
+async fn ask(f: &Deployment, entries: &[(&str, &str)]) -> RateLimitResponse {
     let mut client = f.server.client().await;
     call(&mut client, request("compat", vec![descriptor(entries)]))
         .await
@@ -89,9 +78,8 @@ fn header<'a>(r: &'a RateLimitResponse, key: &str) -> Option<&'a str> {
         .map(|h| h.value.as_str())
 }
 
-#[tokio::test]
-async fn exact_value_beats_wildcard_beats_key_only() {
-    let f = start("");
+async fn exact_value_beats_wildcard_beats_key_only(backend: Backend) {
+    let f = start(backend, "");
     assert_eq!(
         limit_name(&ask(&f, &[("path", "/exact")]).await),
         Some("exact")
@@ -115,9 +103,8 @@ async fn exact_value_beats_wildcard_beats_key_only() {
     assert_eq!(limit_name(&ask(&f, &[("PATH", "/exact")]).await), None);
 }
 
-#[tokio::test]
-async fn a_limit_applies_only_at_the_depth_of_the_request() {
-    let f = start("");
+async fn a_limit_applies_only_at_the_depth_of_the_request(backend: Backend) {
+    let f = start(backend, "");
     assert_eq!(
         limit_name(&ask(&f, &[("tier", "free")]).await),
         Some("tier")
@@ -134,18 +121,16 @@ async fn a_limit_applies_only_at_the_depth_of_the_request() {
     assert_eq!((too_deep.overall_code, limit_name(&too_deep)), (OK, None));
 }
 
-#[tokio::test]
-async fn unlimited_is_ok_with_maximum_remaining() {
-    let f = start("");
+async fn unlimited_is_ok_with_maximum_remaining(backend: Backend) {
+    let f = start(backend, "");
     let r = ask(&f, &[("vip", "anyone")]).await;
     assert_eq!(r.overall_code, OK);
     assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
     assert!(r.statuses[0].current_limit.is_none());
 }
 
-#[tokio::test]
-async fn a_zero_limit_blocks_everything() {
-    let f = start("");
+async fn a_zero_limit_blocks_everything(backend: Backend) {
+    let f = start(backend, "");
     let r = ask(&f, &[("block", "x")]).await;
     assert_eq!(
         (r.overall_code, limit_name(&r)),
@@ -153,9 +138,8 @@ async fn a_zero_limit_blocks_everything() {
     );
 }
 
-#[tokio::test]
-async fn several_limits_report_the_most_restrictive() {
-    let f = start("");
+async fn several_limits_report_the_most_restrictive(backend: Backend) {
+    let f = start(backend, "");
     let first = ask(&f, &[("multi", "m")]).await;
     assert_eq!(first.overall_code, OK);
     assert_eq!(
@@ -175,9 +159,8 @@ async fn several_limits_report_the_most_restrictive() {
     );
 }
 
-#[tokio::test]
-async fn shadow_mode_rules_never_deny() {
-    let f = start("");
+async fn shadow_mode_rules_never_deny(backend: Backend) {
+    let f = start(backend, "");
     for _ in 0..3 {
         let r = ask(&f, &[("shadow", "s")]).await;
         assert_eq!(r.overall_code, OK);
@@ -189,9 +172,8 @@ async fn shadow_mode_rules_never_deny() {
         .is_empty());
 }
 
-#[tokio::test]
-async fn global_shadow_mode_never_denies() {
-    let f = start("shadow_mode: true");
+async fn global_shadow_mode_never_denies(backend: Backend) {
+    let f = start(backend, "shadow_mode: true");
     let r = ask(&f, &[("block", "x")]).await;
     assert_eq!(r.overall_code, OK);
     assert_eq!(
@@ -201,9 +183,8 @@ async fn global_shadow_mode_never_denies() {
     );
 }
 
-#[tokio::test]
-async fn custom_window_lengths() {
-    let f = start("");
+async fn custom_window_lengths(backend: Backend) {
+    let f = start(backend, "");
     let r = ask(&f, &[("custom", "c")]).await;
     assert_eq!(r.overall_code, OK);
     let reset = r.statuses[0].duration_until_reset.as_ref().unwrap();
@@ -211,9 +192,8 @@ async fn custom_window_lengths() {
     assert_eq!(ask(&f, &[("custom", "c")]).await.overall_code, OVER_LIMIT);
 }
 
-#[tokio::test]
-async fn request_hits_addend_is_the_cost() {
-    let f = start("");
+async fn request_hits_addend_is_the_cost(backend: Backend) {
+    let f = start(backend, "");
     let mut client = f.server.client().await;
     let mut req = request("compat", vec![descriptor(&[("path", "/heavy")])]);
     req.hits_addend = 3;
@@ -223,9 +203,8 @@ async fn request_hits_addend_is_the_cost() {
     assert_eq!(r.overall_code, OVER_LIMIT);
 }
 
-#[tokio::test]
-async fn descriptor_hits_addend_zero_checks_without_consuming() {
-    let f = start("");
+async fn descriptor_hits_addend_zero_checks_without_consuming(backend: Backend) {
+    let f = start(backend, "");
     let mut client = f.server.client().await;
     let mut peek = descriptor(&[("path", "/peek")]);
     peek.hits_addend = Some(UInt64Value { value: 0 });
@@ -247,9 +226,8 @@ async fn descriptor_hits_addend_zero_checks_without_consuming() {
     assert_eq!(r.overall_code, OVER_LIMIT, "a peek reports exhaustion");
 }
 
-#[tokio::test]
-async fn cost_above_the_maximum_is_rejected_clearly() {
-    let f = start("");
+async fn cost_above_the_maximum_is_rejected_clearly(backend: Backend) {
+    let f = start(backend, "");
     let mut client = f.server.client().await;
     let mut req = request("compat", vec![descriptor(&[("costly", "c")])]);
     req.hits_addend = 4;
@@ -267,9 +245,8 @@ async fn cost_above_the_maximum_is_rejected_clearly() {
     );
 }
 
-#[tokio::test]
-async fn descriptor_limit_override_replaces_the_configured_limit() {
-    let f = start("");
+async fn descriptor_limit_override_replaces_the_configured_limit(backend: Backend) {
+    let f = start(backend, "");
     let mut client = f.server.client().await;
     let mut d = descriptor(&[("anything", "o")]);
     d.limit = Some(RateLimitOverride {
@@ -299,9 +276,8 @@ async fn descriptor_limit_override_replaces_the_configured_limit() {
     assert!(r.statuses[0].current_limit.is_none());
 }
 
-#[tokio::test]
-async fn replaces_drops_the_named_limit_from_the_request() {
-    let f = start("");
+async fn replaces_drops_the_named_limit_from_the_request(backend: Backend) {
+    let f = start(backend, "");
     let mut client = f.server.client().await;
     let both = || {
         request(
@@ -325,9 +301,8 @@ async fn replaces_drops_the_named_limit_from_the_request() {
     assert_eq!(limit_name(&alone), Some("old_limit"));
 }
 
-#[tokio::test]
-async fn several_descriptors_answer_in_order_and_any_denial_is_overall() {
-    let f = start("");
+async fn several_descriptors_answer_in_order_and_any_denial_is_overall(backend: Backend) {
+    let f = start(backend, "");
     let mut client = f.server.client().await;
     let req = request(
         "compat",
@@ -343,9 +318,11 @@ async fn several_descriptors_answer_in_order_and_any_denial_is_overall() {
     assert_eq!(codes, vec![OK, OVER_LIMIT, OK]);
 }
 
-#[tokio::test]
-async fn response_headers_draft_legacy_and_retry_after() {
-    let f = start("headers:\n  draft: true\n  legacy: true\n  retry_after: true");
+async fn response_headers_draft_legacy_and_retry_after(backend: Backend) {
+    let f = start(
+        backend,
+        "headers:\n  draft: true\n  legacy: true\n  retry_after: true",
+    );
     let ok = ask(&f, &[("path", "/exact")]).await;
     assert_eq!(
         header(&ok, "RateLimit-Policy"),
@@ -392,7 +369,7 @@ async fn grpc_unavailable_failure_mode_returns_an_error_not_ok() {
 #[tokio::test]
 async fn a_deadline_shorter_than_the_command_timeout_is_the_backends_budget() {
     // The harness configures a 2 s command timeout; Envoy's default filter timeout is 20 ms.
-    let f = start("");
+    let f = start(Backend::Redis, "");
     let mut client = f.server.client().await;
     // 200 ms, below the command timeout, is the backend's budget: decided.
     let mut req = tonic::Request::new(request("compat", vec![descriptor(&[("path", "/d")])]));
@@ -405,12 +382,14 @@ async fn a_deadline_shorter_than_the_command_timeout_is_the_backends_budget() {
         .into_inner();
     assert!(started.elapsed() < Duration::from_millis(200) + Duration::from_secs(5));
     assert_eq!(r.overall_code, OK);
-    assert_eq!(f._redis.cli(&["DBSIZE"]).trim(), "1");
+    assert_eq!(
+        f.redis.as_ref().expect("redis").cli(&["DBSIZE"]).trim(),
+        "1"
+    );
 }
 
-#[tokio::test]
-async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving() {
-    let f = start("");
+async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving(backend: Backend) {
+    let f = start(backend, "");
     let mut client = f.server.client().await;
     let long = "v".repeat(10_000);
     let bad = [
@@ -442,7 +421,7 @@ async fn grpc_health_and_reflection_are_served() {
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
 
-    let f = start("");
+    let f = start(Backend::Redis, "");
     let endpoint = format!("http://127.0.0.1:{}", f.server.grpc_port);
     let channel = tonic::transport::Channel::from_shared(endpoint)
         .unwrap()
@@ -493,3 +472,65 @@ async fn grpc_health_and_reflection_are_served() {
         "only RLS, health and reflection: {names:?}"
     );
 }
+
+on_every_backend!(
+    exact_value_beats_wildcard_beats_key_only_on,
+    exact_value_beats_wildcard_beats_key_only
+);
+on_every_backend!(
+    a_limit_applies_only_at_the_depth_of_the_request_on,
+    a_limit_applies_only_at_the_depth_of_the_request
+);
+on_every_backend!(
+    unlimited_is_ok_with_maximum_remaining_on,
+    unlimited_is_ok_with_maximum_remaining
+);
+on_every_backend!(
+    a_zero_limit_blocks_everything_on,
+    a_zero_limit_blocks_everything
+);
+on_every_backend!(
+    several_limits_report_the_most_restrictive_on,
+    several_limits_report_the_most_restrictive
+);
+on_every_backend!(
+    shadow_mode_rules_never_deny_on,
+    shadow_mode_rules_never_deny
+);
+on_every_backend!(
+    global_shadow_mode_never_denies_on,
+    global_shadow_mode_never_denies
+);
+on_every_backend!(custom_window_lengths_on, custom_window_lengths);
+on_every_backend!(
+    request_hits_addend_is_the_cost_on,
+    request_hits_addend_is_the_cost
+);
+on_every_backend!(
+    descriptor_hits_addend_zero_checks_without_consuming_on,
+    descriptor_hits_addend_zero_checks_without_consuming
+);
+on_every_backend!(
+    cost_above_the_maximum_is_rejected_clearly_on,
+    cost_above_the_maximum_is_rejected_clearly
+);
+on_every_backend!(
+    descriptor_limit_override_replaces_the_configured_limit_on,
+    descriptor_limit_override_replaces_the_configured_limit
+);
+on_every_backend!(
+    replaces_drops_the_named_limit_from_the_request_on,
+    replaces_drops_the_named_limit_from_the_request
+);
+on_every_backend!(
+    several_descriptors_answer_in_order_and_any_denial_is_overall_on,
+    several_descriptors_answer_in_order_and_any_denial_is_overall
+);
+on_every_backend!(
+    response_headers_draft_legacy_and_retry_after_on,
+    response_headers_draft_legacy_and_retry_after
+);
+on_every_backend!(
+    bad_requests_are_invalid_argument_and_the_server_keeps_serving_on,
+    bad_requests_are_invalid_argument_and_the_server_keeps_serving
+);

@@ -123,6 +123,8 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     pub connections: usize,
     pub max_in_flight: usize,
+    /// Most requests decided by one batch program call; 1 turns batching off.
+    pub batch_max: usize,
     /// Back-off advised to clients when Redis cannot decide.
     #[serde(with = "serde_duration")]
     pub retry_after: Duration,
@@ -172,6 +174,7 @@ impl Default for RedisConfig {
             connect_timeout: d.connect_timeout,
             connections: d.connections,
             max_in_flight: d.max_in_flight,
+            batch_max: d.batch_max,
             retry_after: d.retry_after,
         }
     }
@@ -200,6 +203,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("connections", &self.connections)
             .field("max_in_flight", &self.max_in_flight)
+            .field("batch_max", &self.batch_max)
             .field("retry_after", &self.retry_after)
             .finish()
     }
@@ -284,6 +288,7 @@ impl RedisConfig {
             connect_timeout: self.connect_timeout,
             connections: self.connections,
             max_in_flight: self.max_in_flight,
+            batch_max: self.batch_max,
             retry_after: self.retry_after,
         })
     }

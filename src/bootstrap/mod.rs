@@ -12,6 +12,7 @@ pub mod reload;
 pub mod secret;
 mod serve;
 pub mod telemetry;
+pub mod top;
 
 pub use config::{BackendKind, ServerConfig};
 pub use serve::{load_options, load_policies, serve, ServeHandle};

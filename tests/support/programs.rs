@@ -21,6 +21,7 @@ pub struct Programs {
     sliding: Script,
     bucket: Script,
     composite: Script,
+    batch: Script,
 }
 
 /// One check of a composite run: a policy on a key, a cost (0 = peek), shadow or enforced.
@@ -85,6 +86,7 @@ impl Programs {
             sliding: Script::new(edgelimit::redis::program_source(SlidingWindow)),
             bucket: Script::new(edgelimit::redis::program_source(TokenBucket)),
             composite: Script::new(edgelimit::redis::composite_source()),
+            batch: Script::new(edgelimit::redis::batch_source()),
         }
     }
 
@@ -144,6 +146,117 @@ impl Programs {
             panic!("composite reply is not an array")
         };
         replies.into_iter().map(parse_reply).collect()
+    }
+
+    /// Runs the batch program: each member's keys numbered in order of first use, as in
+    /// [`Programs::run_composite`]; one reply list per member.
+    pub fn run_batch(
+        &mut self,
+        members: &[(Vec<CompositeCheck<'_>>, Mode)],
+    ) -> Vec<Vec<ProgramReply>> {
+        let mut inv = self.batch.prepare_invoke();
+        for (checks, _) in members {
+            for key in distinct_keys(checks) {
+                inv.key(key);
+            }
+        }
+        inv.arg("1").arg(members.len());
+        for (checks, mode) in members {
+            let keys = distinct_keys(checks);
+            inv.arg(keys.len())
+                .arg(mode.as_str())
+                .arg(checks.len())
+                .arg("");
+            for c in checks {
+                let index = keys.iter().position(|k| k == &c.key).unwrap() + 1;
+                let letter = match c.policy.algorithm() {
+                    edgelimit::contract::Algorithm::FixedWindow => "f",
+                    edgelimit::contract::Algorithm::SlidingWindow => "s",
+                    edgelimit::contract::Algorithm::TokenBucket => "t",
+                };
+                inv.arg(index)
+                    .arg(letter)
+                    .arg(if c.shadow { "1" } else { "0" });
+                for a in edgelimit::redis::program_args(c.policy, c.cost) {
+                    inv.arg(a);
+                }
+            }
+        }
+        let Value::Array(per_member) = inv.invoke::<Value>(&mut self.con).unwrap() else {
+            panic!("batch reply is not an array")
+        };
+        per_member
+            .into_iter()
+            .map(|replies| {
+                let Value::Array(replies) = replies else {
+                    panic!("member reply is not an array: {replies:?}")
+                };
+                replies.into_iter().map(parse_reply).collect()
+            })
+            .collect()
+    }
+
+    /// One differential step of the batch program: the members decided by the Rust composite
+    /// one after the other, each on the state the previous ones left, at the batch's server
+    /// time, must give the same replies and leave the same state in every key.
+    pub fn step_batch(
+        &mut self,
+        members: &[(Vec<CompositeCheck<'_>>, Mode)],
+        policy_of: impl Fn(&str) -> RateLimitPolicy,
+    ) {
+        let mut keys: Vec<&str> = Vec::new();
+        for (checks, _) in members {
+            for key in distinct_keys(checks) {
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+        }
+        let mut held: Vec<Held> = keys
+            .iter()
+            .map(|key| match self.before(&policy_of(key), key) {
+                Before::Absent => Held::Absent,
+                Before::Present(s) => Held::Present(s),
+                Before::Incompatible => Held::Incompatible,
+            })
+            .collect();
+        let replies = self.run_batch(members);
+        assert_eq!(replies.len(), members.len());
+        let server_now = replies[0].first().map_or(0, |r| r.server_now_ms);
+        for ((checks, mode), lua) in members.iter().zip(&replies) {
+            let own = distinct_keys(checks);
+            let rust_checks: Vec<composite::Check<'_>> = checks
+                .iter()
+                .map(|c| composite::Check {
+                    policy: c.policy,
+                    key: own.iter().position(|k| k == &c.key).unwrap(),
+                    cost: c.cost,
+                    shadow: c.shadow,
+                })
+                .collect();
+            let own_held: Vec<Held> = own
+                .iter()
+                .map(|k| held[keys.iter().position(|g| g == k).unwrap()])
+                .collect();
+            let decided = composite::decide(&rust_checks, &own_held, server_now, *mode);
+            assert_eq!(
+                lua, &decided.replies,
+                "Lua batch vs Rust composite, {checks:?}"
+            );
+            for (i, key) in own.iter().enumerate() {
+                if let Some(w) = decided.writes[i] {
+                    held[keys.iter().position(|g| g == key).unwrap()] = Held::Present(w.state);
+                }
+            }
+        }
+        for (key, expected) in keys.iter().zip(&held) {
+            let stored = match self.before(&policy_of(key), key) {
+                Before::Absent => Held::Absent,
+                Before::Present(s) => Held::Present(s),
+                Before::Incompatible => Held::Incompatible,
+            };
+            assert_eq!(&stored, expected, "state of {key} after the batch");
+        }
     }
 
     /// One differential step of the composite program: runs it, decides the same checks with

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod batch;
 mod classify;
 mod codec;
 mod connect;
@@ -42,15 +43,17 @@ pub use codec::{parse_decimal, state_from_hash, state_to_hash, StateError, SCHEM
 pub use connections::ConnectionSettings;
 pub use keys::KeyBuilder;
 pub use programs::{
-    composite_invocation, composite_source, invocation, program_args, program_source,
-    CompositeCheck, Program, Programs,
+    batch_invocation, batch_source, composite_invocation, composite_source, invocation,
+    program_args, program_source, BatchMember, CompositeCheck, Program, Programs,
 };
 pub use reply::{parse as parse_reply, parse_many as parse_replies, ReplyError};
 pub use settings::{
     Redacted, RedisSettings, RedisSetupError, Secret, SentinelSettings, TlsFiles, Topology,
+    MAX_BATCH,
 };
 pub use slot::key_slot;
 
+use batch::Batcher;
 use connect::Connector;
 use connections::Connections;
 use io::{IoThread, Sent};
@@ -62,14 +65,17 @@ pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
 
 pub struct RedisBackend {
-    connections: Connections,
+    connections: Arc<Connections>,
+    /// Requests queue for a batch call while the window of calls in flight is full; none on
+    /// Cluster (each request's keys are routed to their own node) or with `batch_max` 1.
+    batcher: Option<Arc<Batcher>>,
     io: IoThread,
     /// Redis's clock minus this host's, in ms, as the last reply showed it (`i64::MIN`:
     /// unknown). Biased early by the reply's transit, which only makes deadlines stricter.
     clock_offset_ms: AtomicI64,
     admission: Admission,
     keys: KeyBuilder,
-    programs: Programs,
+    programs: Arc<Programs>,
     settings: RedisSettings,
 }
 
@@ -80,6 +86,7 @@ enum Call<'a> {
         key: &'a str,
         policy: &'a RateLimitPolicy,
         cost: u64,
+        shadow: bool,
     },
     /// Several limits whose keys share one slot: the composite program.
     Composite {
@@ -104,13 +111,42 @@ impl Call<'_> {
         deadline_ms: Option<u64>,
     ) -> ::redis::Cmd {
         match self {
-            Call::Single { key, policy, cost } => {
-                invocation(program, with_source, key, policy, *cost, deadline_ms)
-            }
+            Call::Single {
+                key, policy, cost, ..
+            } => invocation(program, with_source, key, policy, *cost, deadline_ms),
             Call::Composite { mode, keys, checks } => {
                 composite_invocation(program, with_source, *mode, keys, checks, deadline_ms)
             }
         }
+    }
+
+    /// The same decision as a member of a batch call.
+    fn member(&self, deadline_ms: Option<u64>) -> BatchMember {
+        match self {
+            Call::Single {
+                key,
+                policy,
+                cost,
+                shadow,
+            } => BatchMember::new(
+                Mode::Commit,
+                &[key],
+                &[CompositeCheck {
+                    key: 0,
+                    policy,
+                    cost: *cost,
+                    shadow: *shadow,
+                }],
+                deadline_ms,
+            ),
+            Call::Composite { mode, keys, checks } => {
+                BatchMember::new(*mode, keys, checks, deadline_ms)
+            }
+        }
+    }
+
+    fn is_single(&self) -> bool {
+        matches!(self, Call::Single { .. })
     }
 
     fn parse(&self, value: &Value) -> Result<Vec<ProgramReply>, ReplyError> {
@@ -178,6 +214,7 @@ impl Plan {
                 key: &self.keys[self.key_of[*only]],
                 policy: check.policy(),
                 cost: check.cost().units(),
+                shadow: check.is_shadow(),
             };
         }
         // The group's keys, numbered in order of first use.
@@ -220,8 +257,8 @@ impl RedisBackend {
         let connector = Arc::new(Connector::build(&settings)?);
         let io =
             IoThread::start().map_err(|e| RedisSetupError::Client(format!("I/O thread: {e}")))?;
-        let programs = Programs::load();
-        let connections = Connections::start(
+        let programs = Arc::new(Programs::load());
+        let connections = Arc::new(Connections::start(
             connector,
             ConnectionSettings {
                 count: settings.connections,
@@ -232,9 +269,23 @@ impl RedisBackend {
                 preload: programs.all().iter().map(|p| p.source).collect(),
             },
             io.handle(),
-        );
+        ));
+        let batcher = (settings.batch_max > 1
+            && !matches!(settings.topology, Topology::Cluster { .. }))
+        .then(|| {
+            // About two calls in flight per connection: one being answered while the next is
+            // on its way, the rest of the requests gathered into the calls that follow.
+            Batcher::new(
+                settings.connections * 2,
+                settings.batch_max,
+                connections.clone(),
+                programs.clone(),
+                io.handle().clone(),
+            )
+        });
         Ok(Self {
             connections,
+            batcher,
             io,
             clock_offset_ms: AtomicI64::new(i64::MIN),
             admission: Admission::new(settings.max_in_flight),
@@ -305,14 +356,28 @@ impl RedisBackend {
             .await
             .map_err(Failure::Unavailable)?;
         let budget = ticket.budget;
-        // No live connection: nothing is sent, so nothing can have changed.
-        let Some(live) = self.connections.pick() else {
-            return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
-        };
         let program = call.program(&self.programs);
         let started = Instant::now();
         let command_deadline = started + budget;
         let deadline_ms = self.redis_deadline(budget);
+        // With the window of calls in flight full, the request joins the next batch call.
+        let turn = match &self.batcher {
+            None => None,
+            Some(batcher) => match Batcher::try_alone(batcher) {
+                Some(turn) => Some(turn),
+                None => {
+                    let member = call.member(deadline_ms);
+                    let (result, finished) =
+                        Batcher::queue(batcher, member, call.is_single(), command_deadline).await;
+                    ticket.finish(finished.saturating_duration_since(started));
+                    return self.replies(call, program, result?);
+                }
+            },
+        };
+        // No live connection: nothing is sent, so nothing can have changed.
+        let Some(live) = self.connections.pick() else {
+            return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
+        };
         let mut sent_source = false;
         let (result, finished) = loop {
             // The EVALSHA and the one resend share the command deadline.
@@ -355,10 +420,20 @@ impl RedisBackend {
                 }
             }
         };
+        drop(turn);
         let latency = finished.saturating_duration_since(started);
         ticket.finish(latency);
         program.latency().record(latency.as_secs_f64());
-        let value = result?;
+        self.replies(call, program, result?)
+    }
+
+    /// Parses a call's reply into one reply per check (and learns Redis's clock from it).
+    fn replies(
+        &self,
+        call: &Call<'_>,
+        program: &Program,
+        value: Value,
+    ) -> Result<Vec<ProgramReply>, Failure> {
         let replies = call.parse(&value).map_err(|error| {
             tracing::warn!(%error, program = program.name, ?value, "incompatible program reply");
             Failure::Incompatible(IncompatibleCause::MalformedReply)

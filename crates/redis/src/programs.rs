@@ -42,9 +42,15 @@ const TOKEN_BUCKET_SOURCE: &str = program!(
 );
 const COMPOSITE_SOURCE: &str = program!(
     "rate-composite-v1",
-    ["fixed-window", "sliding-counter", "token-bucket"],
+    ["fixed-window", "sliding-counter", "token-bucket", "decide"],
     "",
     "composite"
+);
+const BATCH_SOURCE: &str = program!(
+    "rate-batch-v1",
+    ["fixed-window", "sliding-counter", "token-bucket", "decide"],
+    "",
+    "batch"
 );
 
 /// The exact source of an algorithm's single-key program.
@@ -59,6 +65,11 @@ pub fn program_source(algorithm: Algorithm) -> &'static str {
 /// The exact source of the composite program (every limit of a request in one call).
 pub fn composite_source() -> &'static str {
     COMPOSITE_SOURCE
+}
+
+/// The exact source of the batch program (several requests, each decided on its own).
+pub fn batch_source() -> &'static str {
+    BATCH_SOURCE
 }
 
 /// The program's ARGV for `policy` and `cost` (0 = peek), as `lua/README.md` specifies.
@@ -143,6 +154,7 @@ pub struct Programs {
     sliding_window: Program,
     token_bucket: Program,
     composite: Program,
+    batch: Program,
 }
 
 impl Programs {
@@ -152,6 +164,7 @@ impl Programs {
             sliding_window: Program::new("rate-sliding-counter-v1", SLIDING_COUNTER_SOURCE),
             token_bucket: Program::new("rate-token-bucket-v1", TOKEN_BUCKET_SOURCE),
             composite: Program::new("rate-composite-v1", COMPOSITE_SOURCE),
+            batch: Program::new("rate-batch-v1", BATCH_SOURCE),
         }
     }
 
@@ -167,12 +180,17 @@ impl Programs {
         &self.composite
     }
 
-    pub fn all(&self) -> [&Program; 4] {
+    pub fn batch(&self) -> &Program {
+        &self.batch
+    }
+
+    pub fn all(&self) -> [&Program; 5] {
         [
             &self.fixed_window,
             &self.sliding_window,
             &self.token_bucket,
             &self.composite,
+            &self.batch,
         ]
     }
 }
@@ -219,6 +237,12 @@ pub fn composite_invocation(
         Some(deadline) => cmd.arg(deadline),
         None => cmd.arg(""),
     };
+    check_args(&mut cmd, checks);
+    cmd
+}
+
+/// Each check's arguments: key index (1-based), algorithm letter, shadow, common arguments.
+fn check_args(cmd: &mut ::redis::Cmd, checks: &[CompositeCheck<'_>]) {
     let mut revision = [0u8; 16];
     for check in checks {
         let policy = check.policy;
@@ -230,7 +254,73 @@ pub fn composite_invocation(
         cmd.arg(check.key + 1)
             .arg(letter)
             .arg(if check.shadow { "1" } else { "0" });
-        common_args(&mut cmd, policy, check.cost, &mut revision);
+        common_args(cmd, policy, check.cost, &mut revision);
+    }
+}
+
+/// One request's part of a batch call, owned so it can wait for its turn on the I/O thread:
+/// its keys and its framing (`nkeys mode n deadline`, then its checks as in the composite
+/// program).
+#[derive(Debug)]
+pub struct BatchMember {
+    pub keys: Vec<String>,
+    args: ::redis::Cmd,
+}
+
+impl BatchMember {
+    pub fn new(
+        mode: Mode,
+        keys: &[&str],
+        checks: &[CompositeCheck<'_>],
+        deadline_ms: Option<u64>,
+    ) -> Self {
+        let mut args = ::redis::Cmd::with_capacity(4 + checks.len() * 12, checks.len() * 200);
+        args.arg(keys.len()).arg(mode.as_str()).arg(checks.len());
+        match deadline_ms {
+            Some(deadline) => args.arg(deadline),
+            None => args.arg(""),
+        };
+        check_args(&mut args, checks);
+        Self {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            args,
+        }
+    }
+}
+
+/// Builds `EVALSHA sha <keys> KEYS... 1 m (member)...` (or `EVAL source ...`) for the batch
+/// program: each member is decided on its own, in order.
+pub fn batch_invocation(
+    program: &Program,
+    with_source: bool,
+    members: &[&BatchMember],
+) -> ::redis::Cmd {
+    let (name, body) = if with_source {
+        ("EVAL", program.source)
+    } else {
+        ("EVALSHA", program.sha.as_str())
+    };
+    let keys: usize = members.iter().map(|m| m.keys.len()).sum();
+    let arity: usize = 5
+        + keys
+        + members
+            .iter()
+            .map(|m| m.args.args_iter().count())
+            .sum::<usize>();
+    let mut cmd = ::redis::Cmd::with_capacity(arity, name.len() + body.len() + members.len() * 512);
+    cmd.arg(name).arg(body).arg(keys);
+    for member in members {
+        for key in &member.keys {
+            cmd.arg(key.as_str());
+        }
+    }
+    cmd.arg("1").arg(members.len());
+    for member in members {
+        for arg in member.args.args_iter() {
+            if let ::redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
     }
     cmd
 }

@@ -146,9 +146,15 @@ pub struct RedisSettings {
     pub connections: usize,
     /// Commands in flight at most; more are refused before sending.
     pub max_in_flight: usize,
+    /// Most requests decided by one batch program call (1: no batching). Requests are batched
+    /// only while earlier calls are in flight: an idle pipe sends each request at once.
+    pub batch_max: usize,
     /// Advised back-off for unavailable / indeterminate outcomes.
     pub retry_after: Duration,
 }
+
+/// Requests one batch program call decides at most (the program's own bound).
+pub const MAX_BATCH: usize = 256;
 
 impl Default for RedisSettings {
     fn default() -> Self {
@@ -164,6 +170,7 @@ impl Default for RedisSettings {
             connect_timeout: Duration::from_secs(1),
             connections: 2,
             max_in_flight: 1024,
+            batch_max: 32,
             retry_after: Duration::from_secs(1),
         }
     }
@@ -183,6 +190,8 @@ pub enum RedisSetupError {
     },
     #[error("redis.{name} must be at least 1")]
     Zero { name: &'static str },
+    #[error("redis.batch_max = {value} is above {max}, the batch program's bound")]
+    BatchTooLarge { value: usize, max: usize },
     #[error("redis.{0} must list at least one node")]
     NoNodes(&'static str),
     #[error("redis.sentinel.master_name must not be empty")]
@@ -246,10 +255,17 @@ impl RedisSettings {
         for (name, value) in [
             ("connections", self.connections),
             ("max_in_flight", self.max_in_flight),
+            ("batch_max", self.batch_max),
         ] {
             if value == 0 {
                 return Err(RedisSetupError::Zero { name });
             }
+        }
+        if self.batch_max > MAX_BATCH {
+            return Err(RedisSetupError::BatchTooLarge {
+                value: self.batch_max,
+                max: MAX_BATCH,
+            });
         }
         let data_urls: &[String] = match &self.topology {
             Topology::Standalone { url } => std::slice::from_ref(url),

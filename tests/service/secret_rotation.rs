@@ -1,7 +1,7 @@
 //! Rotating the HMAC secret with `previous_file` keeps enforcing what subjects already used;
 //! without it every subject would start with a full quota.
 
-mod common;
+use crate::common;
 
 use common::redis_server::RedisServer;
 use common::server::{call, descriptor, request, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};

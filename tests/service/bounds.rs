@@ -3,7 +3,7 @@
 //! code and a message naming what was exceeded. Timeouts are generous and no assertion is
 //! about wall-clock speed.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -6,9 +6,8 @@
 //! the stored hash (aging it by whole windows / milliseconds, moving `o` into the future to
 //! simulate clock regression, or replacing it by a random valid state).
 
-mod common;
-#[path = "support/programs.rs"]
-mod programs;
+use crate::common;
+use crate::programs;
 
 use std::time::Duration;
 
@@ -397,6 +396,79 @@ fn composite_requests_of_mixed_algorithms_lua_and_rust_agree() {
                     // Edits act on the first key, with its policy.
                     Err(edit_step) => edit_on(&mut p, &policies[0], COMPOSITE_KEYS[0], edit_step),
                 }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Batches of composite requests over shared keys: the batch program decides each request on
+/// its own, in order, exactly as the Rust composite does one request after the other.
+#[test]
+fn batches_of_requests_lua_and_rust_agree() {
+    use edgelimit::algorithm::composite::Mode;
+    let redis = RedisServer::start();
+    let p = std::cell::RefCell::new(Programs::new(&redis.url()));
+    let strategy = (
+        [any_params(), any_params(), any_params()],
+        any::<u64>(),
+        safety(),
+        prop::collection::vec(prop::collection::vec(composite_step(), 1..6), 1..6),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: CASES,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&strategy, |(params, revision, safety, batches)| {
+            let policies: Vec<RateLimitPolicy> = params
+                .iter()
+                .enumerate()
+                .map(|(i, params)| {
+                    let p = policy(*params, revision.wrapping_add(i as u64), safety);
+                    RateLimitPolicy::new(
+                        PolicyId::new(&format!("diff.batch{i}")).unwrap(),
+                        p.revision(),
+                        *p.params(),
+                        p.max_cost(),
+                        p.cleanup_grace_ms(),
+                        p.max_clock_regression_ms(),
+                    )
+                    .unwrap()
+                })
+                .collect();
+            let mut p = p.borrow_mut();
+            for key in COMPOSITE_KEYS {
+                let _: () = p.cmd(&["DEL", key]);
+            }
+            let policy_of = |key: &str| {
+                let i = COMPOSITE_KEYS.iter().position(|k| *k == key).unwrap();
+                policies[i].clone()
+            };
+            for batch in &batches {
+                let members: Vec<(Vec<programs::CompositeCheck<'_>>, Mode)> = batch
+                    .iter()
+                    .map(|c| {
+                        let checks = c
+                            .checks
+                            .iter()
+                            .map(|&(key, kind, raw, shadow)| programs::CompositeCheck {
+                                policy: &policies[key],
+                                key: COMPOSITE_KEYS[key],
+                                cost: cost(kind, raw, policies[key].params().limit()),
+                                shadow,
+                            })
+                            .collect();
+                        let mode = if c.check_mode {
+                            Mode::Check
+                        } else {
+                            Mode::Commit
+                        };
+                        (checks, mode)
+                    })
+                    .collect();
+                p.step_batch(&members, policy_of);
             }
             Ok(())
         })

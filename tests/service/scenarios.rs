@@ -3,7 +3,8 @@
 //! request is admitted only if every enforced limit admits it, and then every limit consumes;
 //! otherwise none does.
 
-mod common;
+use crate::common;
+use crate::on_every_backend;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -2,9 +2,8 @@
 //! the Rust function (every `step` asserts identical replies and stored state, a TTL after
 //! every write, and an untouched key otherwise).
 
-mod common;
-#[path = "support/programs.rs"]
-mod programs;
+use crate::common;
+use crate::programs;
 
 use common::redis_server::RedisServer;
 use edgelimit::algorithm::{

@@ -1,7 +1,7 @@
 //! A subject that cannot pass is denied by the server itself, with no Redis call, until the
 //! last answer's bound allows one — and is never allowed locally.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

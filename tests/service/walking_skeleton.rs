@@ -1,7 +1,7 @@
 //! End to end: Envoy request → policy → Redis fixed window (Lua) → Envoy response, against a
 //! private redis-server and the real binary.
 
-mod common;
+use crate::common;
 
 use common::redis_server::RedisServer;
 use common::server::{call, descriptor, request, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};

@@ -1,7 +1,7 @@
 //! Every algorithm selected from YAML, through the real binary, on both backends: the same
 //! requests get the same answers from Redis and from the embedded backend.
 
-mod common;
+use crate::common;
 
 use common::redis_server::RedisServer;
 use common::server::{call, descriptor, request, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};

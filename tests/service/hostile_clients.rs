@@ -2,7 +2,7 @@
 //! floods of distinct subjects, oversize and malformed frames, slowloris connections. A
 //! well-formed client keeps being answered throughout. No assertion is about speed.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,265 @@
+//! Batching across requests: while earlier program calls are in flight, the requests that
+//! arrive meanwhile wait here and go to Redis together, as one call of the batch program
+//! (`lua/lib/batch.lua`), which decides each of them on its own, atomically, in order — the
+//! same as one composite call per request, one after the other. Redis parses, dispatches and
+//! replies once per batch instead of once per request.
+//!
+//! No request waits for a batch to fill: with fewer than `window` calls in flight a request
+//! is sent at once, alone, exactly as without batching. Only when the window is full do
+//! requests queue, and the first call to complete takes up to `max_members` of them. A queued
+//! request whose command deadline has passed is answered without being sent (nothing
+//! consumed); a batch is sent with the earliest deadline of its members, and each member
+//! carries its own deadline to Redis, past which the program does nothing for it.
+//!
+//! A batch fails as one command does: no connection (nothing sent), a timeout or a lost
+//! connection (indeterminate for every member: any of them may have run), an error reply.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use ::redis::Value;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+use edgelimit_contract::{IndeterminateCause, UnavailableCause};
+
+use crate::classify::{classify, Failure};
+use crate::connections::Connections;
+use crate::programs::{batch_invocation, BatchMember, Programs};
+
+/// What a request gets back from its batch: the reply its own call would have had (an array
+/// of its checks' replies, or one reply for a request of one limit), or the batch's failure;
+/// and when the batch completed.
+pub type Answer = (Result<Value, Failure>, Instant);
+
+struct Waiting {
+    member: BatchMember,
+    /// The request had one limit: its reply is unwrapped from the member's array.
+    single: bool,
+    deadline: Instant,
+    answer: oneshot::Sender<Answer>,
+}
+
+#[derive(Default)]
+struct Queue {
+    in_flight: usize,
+    waiting: VecDeque<Waiting>,
+}
+
+pub struct Batcher {
+    queue: Mutex<Queue>,
+    /// Program calls in flight at once before requests queue.
+    window: usize,
+    max_members: usize,
+    connections: Arc<Connections>,
+    programs: Arc<Programs>,
+    io: Handle,
+    size: metrics::Histogram,
+}
+
+/// A call in flight outside a batch; releasing it (on drop) sends what queued meanwhile.
+pub struct Slot {
+    batcher: Arc<Batcher>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        Batcher::release(&self.batcher);
+    }
+}
+
+impl Batcher {
+    pub fn new(
+        window: usize,
+        max_members: usize,
+        connections: Arc<Connections>,
+        programs: Arc<Programs>,
+        io: Handle,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            queue: Mutex::new(Queue::default()),
+            window: window.max(1),
+            max_members: max_members.max(1),
+            connections,
+            programs,
+            io,
+            size: metrics::histogram!("edgelimit_redis_batch_requests"),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        // The queue holds no invariant a panic elsewhere could break half-way.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A turn to send alone, when fewer than `window` calls are in flight.
+    pub fn try_alone(this: &Arc<Self>) -> Option<Slot> {
+        let mut queue = this.lock();
+        if queue.in_flight < this.window {
+            queue.in_flight += 1;
+            Some(Slot {
+                batcher: this.clone(),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Queues a request for the next batch and waits for its answer.
+    pub async fn queue(
+        this: &Arc<Self>,
+        member: BatchMember,
+        single: bool,
+        deadline: Instant,
+    ) -> Answer {
+        let (answer, answered) = oneshot::channel();
+        let start = {
+            let mut queue = this.lock();
+            queue.waiting.push_back(Waiting {
+                member,
+                single,
+                deadline,
+                answer,
+            });
+            // A call completed between the caller's try and now: nobody would take the queue.
+            if queue.in_flight < this.window {
+                queue.in_flight += 1;
+                Some(this.take(&mut queue))
+            } else {
+                None
+            }
+        };
+        if let Some(batch) = start {
+            this.io.spawn(Self::run(this.clone(), batch));
+        }
+        answered.await.unwrap_or((
+            Err(Failure::Indeterminate(IndeterminateCause::ConnectionLost)),
+            Instant::now(),
+        ))
+    }
+
+    fn take(&self, queue: &mut Queue) -> Vec<Waiting> {
+        let n = queue.waiting.len().min(self.max_members);
+        queue.waiting.drain(..n).collect()
+    }
+
+    /// A call completed: its turn passes to what queued meanwhile, or is given back.
+    fn release(this: &Arc<Self>) {
+        let next = {
+            let mut queue = this.lock();
+            if queue.waiting.is_empty() {
+                queue.in_flight = queue.in_flight.saturating_sub(1);
+                None
+            } else {
+                Some(this.take(&mut queue))
+            }
+        };
+        if let Some(batch) = next {
+            this.io.spawn(Self::run(this.clone(), batch));
+        }
+    }
+
+    /// Sends batches on the I/O thread until the queue is empty, then gives the turn back.
+    async fn run(this: Arc<Self>, mut batch: Vec<Waiting>) {
+        loop {
+            this.send(batch).await;
+            let next = {
+                let mut queue = this.lock();
+                if queue.waiting.is_empty() {
+                    queue.in_flight = queue.in_flight.saturating_sub(1);
+                    None
+                } else {
+                    Some(this.take(&mut queue))
+                }
+            };
+            match next {
+                Some(more) => batch = more,
+                None => return,
+            }
+        }
+    }
+
+    async fn send(&self, batch: Vec<Waiting>) {
+        let now = Instant::now();
+        let (late, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|w| w.deadline <= now);
+        for waiting in late {
+            let _ = waiting.answer.send((
+                Err(Failure::Unavailable(UnavailableCause::ExpiredInQueue)),
+                now,
+            ));
+        }
+        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
+            return;
+        };
+        self.size.record(batch.len() as f64);
+        let Some(live) = self.connections.pick() else {
+            let failure = Failure::Unavailable(UnavailableCause::ConnectFailed);
+            for waiting in batch {
+                let _ = waiting.answer.send((Err(failure), now));
+            }
+            return;
+        };
+        let program = self.programs.batch();
+        let members: Vec<&BatchMember> = batch.iter().map(|w| &w.member).collect();
+        let mut with_source = false;
+        let result = loop {
+            let cmd = batch_invocation(program, with_source, &members);
+            let mut link = live.link.clone();
+            let sent = tokio::time::timeout_at(deadline.into(), async {
+                link.send(&cmd).await?.extract_error()
+            })
+            .await;
+            match sent {
+                Err(_) => {
+                    self.connections.suspect(&live);
+                    break Err(Failure::Indeterminate(IndeterminateCause::Timeout));
+                }
+                Ok(Ok(value)) => break Ok(value),
+                Ok(Err(error))
+                    if !with_source
+                        && error.kind()
+                            == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
+                {
+                    program.noscript_resends().increment(1);
+                    with_source = true;
+                }
+                Ok(Err(error)) => {
+                    let failure = classify(&error);
+                    if live.link.broken_by(&error) {
+                        self.connections.mark_broken(&live);
+                    }
+                    tracing::debug!(%error, ?failure, "redis batch failed");
+                    break Err(failure);
+                }
+            }
+        };
+        let finished = Instant::now();
+        program
+            .latency()
+            .record(finished.saturating_duration_since(now).as_secs_f64());
+        match result {
+            Ok(Value::Array(replies)) if replies.len() == batch.len() => {
+                for (waiting, reply) in batch.into_iter().zip(replies) {
+                    let reply = match reply {
+                        Value::Array(mut one) if waiting.single && one.len() == 1 => one.remove(0),
+                        other => other,
+                    };
+                    let _ = waiting.answer.send((Ok(reply), finished));
+                }
+            }
+            // A refusal of the whole batch (or a reply of the wrong shape): each member parses
+            // it as its own and finds it incompatible.
+            Ok(other) => {
+                for waiting in batch {
+                    let _ = waiting.answer.send((Ok(other.clone()), finished));
+                }
+            }
+            Err(failure) => {
+                for waiting in batch {
+                    let _ = waiting.answer.send((Err(failure), finished));
+                }
+            }
+        }
+    }
+}
