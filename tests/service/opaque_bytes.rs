@@ -4,10 +4,8 @@
 //! non-UTF-8 byte made the call fail with `INTERNAL`, which Envoy's default
 //! `failure_mode_deny: false` turns into an allow: a bypass for whoever controls a header.
 
-mod common;
-
-use common::bytes_client::BytesClient;
-use common::server::{metric, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};
+use crate::common::bytes_client::BytesClient;
+use crate::common::server::{metric, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};
 use edgelimit::envoy::wire::{Descriptor, Entry, Request};
 use prost::Message;
 
@@ -77,10 +75,13 @@ async fn values_that_are_not_utf8_are_limited_like_any_other() {
 
     // The digest hashes bytes: a valid value with the same characters is another subject
     // only when its bytes differ, and the UTF-8 value "é" is the bytes C3 A9.
-    let e_text = common::server::request("bytes", vec![common::server::descriptor(&[("k", "é")])]);
+    let e_text = crate::common::server::request(
+        "bytes",
+        vec![crate::common::server::descriptor(&[("k", "é")])],
+    );
     let mut envoy_client = server.client().await;
     for expected in [OK, OK] {
-        let r = common::server::call(&mut envoy_client, e_text.clone())
+        let r = crate::common::server::call(&mut envoy_client, e_text.clone())
             .await
             .unwrap();
         assert_eq!(r.overall_code, expected);
