@@ -114,3 +114,45 @@ async fn a_directory_deleted_then_recreated_is_followed() {
     server.write_policy("a.yaml", &policy(12));
     wait_limit(&server, 12).await;
 }
+
+/// An empty policy set answers every request OK: it is a loud warning and a gauge, and with
+/// `readiness.require_policies` (the default with Redis) `/readyz` fails until a domain loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_policy_set_is_not_ready_with_redis_and_loudly_reported() {
+    let redis = common::redis_server::RedisServer::start();
+    let server = EdgelimitServer::start(ServerOptions::redis(&redis.url(), &[]));
+    let not_ready = || {
+        let (status, body) = server.admin_get("/readyz");
+        status == 503 && body.contains("no policy domain")
+    };
+    assert!(wait_until(BOUND, not_ready), "{}", server.log_text());
+    assert!(server.log_text().contains("the policy set has no domains"));
+    let domains = || common::server::metric(&server.metrics(), "edgelimit_config_domains", &[]);
+    assert_eq!(domains(), Some(0.0));
+
+    server.write_policy("a.yaml", &policy(3));
+    assert!(
+        wait_until(BOUND, || server.admin_get("/readyz").0 == 200),
+        "{}",
+        server.log_text()
+    );
+    assert_eq!(domains(), Some(1.0));
+    std::fs::remove_file(server.policy_dir.join("a.yaml")).expect("delete the only policy");
+    assert!(wait_until(BOUND, not_ready), "{}", server.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_policies_is_off_by_default_on_memory_and_can_be_set() {
+    let default = EdgelimitServer::start(ServerOptions::memory(&[]));
+    assert!(wait_until(BOUND, || default.admin_get("/readyz").0 == 200));
+    assert!(default.log_text().contains("the policy set has no domains"));
+    let required = EdgelimitServer::start(
+        ServerOptions::memory(&[]).extra("readiness:\n  require_policies: true"),
+    );
+    let (status, body) = required.admin_get("/readyz");
+    assert_eq!(
+        (status, body.contains("no policy domain")),
+        (503, true),
+        "{body}"
+    );
+}

@@ -41,6 +41,16 @@ pub struct ServerConfig {
     /// How long a shutdown waits for in-flight requests before exiting anyway.
     #[serde(with = "serde_duration")]
     pub shutdown_grace: Duration,
+    pub readiness: ReadinessConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadinessConfig {
+    /// Not ready while no policy domain is loaded. Unset: on with the Redis backend (a shared
+    /// deployment, where an empty set would allow everything behind every replica), off with
+    /// the embedded one.
+    pub require_policies: Option<bool>,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +73,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             log: LogConfig::default(),
             shutdown_grace: Duration::from_secs(10),
+            readiness: ReadinessConfig::default(),
         }
     }
 }
@@ -581,6 +592,13 @@ impl ServerConfig {
             );
         }
         Ok(config)
+    }
+
+    /// `readiness.require_policies`, or its default for the backend.
+    pub fn require_policies(&self) -> bool {
+        self.readiness
+            .require_policies
+            .unwrap_or(self.backend_kind() == BackendKind::Redis)
     }
 
     pub fn backend_kind(&self) -> BackendKind {

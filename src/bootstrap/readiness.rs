@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::Notify;
 
 use crate::contract::{BackendReadiness, RateLimitPort};
+use crate::policy::PolicySet;
 
 #[derive(Debug)]
 pub struct Readiness {
@@ -17,6 +18,8 @@ pub struct Readiness {
     backend_not_ready: ArcSwapOption<String>,
     shutting_down: AtomicBool,
     changed: Notify,
+    /// With `readiness.require_policies`: the served set, which must hold a domain.
+    required_policies: Option<Arc<ArcSwap<PolicySet>>>,
 }
 
 impl Default for Readiness {
@@ -28,6 +31,7 @@ impl Default for Readiness {
             ),
             shutting_down: AtomicBool::new(false),
             changed: Notify::new(),
+            required_policies: None,
         }
     }
 }
@@ -35,6 +39,15 @@ impl Default for Readiness {
 impl Readiness {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// Not ready while the served set has no domain (the reference's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`): an empty set answers every request OK.
+    pub fn requiring_policies(policies: Arc<ArcSwap<PolicySet>>) -> Arc<Self> {
+        Arc::new(Self {
+            required_policies: Some(policies),
+            ..Self::default()
+        })
     }
 
     pub fn set_policies_loaded(&self) {
@@ -68,6 +81,11 @@ impl Readiness {
         }
         if !self.policies_loaded.load(Ordering::SeqCst) {
             return Err("policies not loaded".into());
+        }
+        if let Some(policies) = &self.required_policies {
+            if policies.load().domains().next().is_none() {
+                return Err("no policy domain loaded (readiness.require_policies)".into());
+            }
         }
         if let Some(reason) = self.backend_not_ready.load_full() {
             return Err(format!("backend not ready: {reason}"));

@@ -160,7 +160,11 @@ async fn run<B: RateLimitPort>(
 ) -> anyhow::Result<()> {
     tracing::info!(backend = %backend.describe(), "backend configured");
     let mut tasks = ops.tasks;
-    let readiness = Readiness::new();
+    let readiness = if config.require_policies() {
+        Readiness::requiring_policies(policies.clone())
+    } else {
+        Readiness::new()
+    };
     readiness.set_policies_loaded();
     let mut limiter = RateLimiter::new(
         policies.clone(),
