@@ -23,6 +23,8 @@
 #   BENCH_MEMORY=auto           auto | yes | no: the embedded backend runs
 #   BENCH_SERVER_ENV=""         extra environment for edgelimit, e.g. TOKIO_WORKER_THREADS=1
 #   BENCH_EDGELIMIT_BIN=""      another edgelimit binary to measure (A/B of a server change)
+#   BENCH_REDIS_EXTRA=""        extra lines for the server's redis: section, e.g. "batch_max: 1"
+#                               (batching off) — one setting per line, without indentation
 #   BENCH_OUT=target/bench/...  where the transcript goes (also printed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +39,7 @@ SWEEP=${BENCH_CONNECTION_SWEEP:-}
 MEMORY=${BENCH_MEMORY:-auto}
 SERVER_ENV=${BENCH_SERVER_ENV:-}
 EDGE_BIN=${BENCH_EDGELIMIT_BIN:-}
+REDIS_EXTRA=$(printf '%s' "${BENCH_REDIS_EXTRA:-}" | sed 's/^/  /')
 mkdir -p target/bench
 OUT=${BENCH_OUT:-target/bench/run-$(date +%Y%m%dT%H%M%S).txt}
 : >"$OUT"
@@ -222,8 +225,9 @@ start_redis
 say "redis-server on 127.0.0.1:$REDIS_PORT"
 start_edgelimit redis "redis:
   url: redis://127.0.0.1:$REDIS_PORT/
-  connections: $CONNECTIONS"
-say "edgelimit (redis backend, $CONNECTIONS connections) on $EDGE_ADDR"
+  connections: $CONNECTIONS
+$REDIS_EXTRA"
+say "edgelimit (redis backend, $CONNECTIONS connections${BENCH_REDIS_EXTRA:+, $BENCH_REDIS_EXTRA}) on $EDGE_ADDR"
 
 for algo in $ALGORITHMS; do
   file=$(lua_file "$algo")

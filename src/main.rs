@@ -40,6 +40,11 @@ enum Command {
         /// Log as JSON lines.
         #[arg(long)]
         log_json: bool,
+        /// Configure from envoyproxy/ratelimit's environment variables (RUNTIME_ROOT,
+        /// REDIS_URL, ...) plus EDGELIMIT_HMAC_SECRET_FILE or EDGELIMIT_HMAC_SECRET, instead
+        /// of a configuration file. See the README's migration guide.
+        #[arg(long, env = "EDGELIMIT_REFERENCE_ENV", conflicts_with = "config")]
+        reference_env: bool,
     },
     /// Validate a policy directory (for CI): prints `file:line:column: field: message` per
     /// error and exits 1, or a one-line summary and exits 0.
@@ -249,17 +254,35 @@ fn main() -> ExitCode {
             policy_dir,
             redis_url,
             log_json,
+            reference_env,
         } => {
-            let mut server_config = match config {
-                Some(path) => match ServerConfig::load(&path) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::from(2);
+            let mut warning = None;
+            let mut server_config =
+                match config {
+                    Some(path) => match ServerConfig::load(&path) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(2);
+                        }
+                    },
+                    None if reference_env => {
+                        // Non-UTF-8 variables cannot be reference settings; they are skipped.
+                        match bootstrap::refenv::from_vars(std::env::vars_os().filter_map(
+                            |(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)),
+                        )) {
+                            Ok(r) => {
+                                warning = r.warning;
+                                r.config
+                            }
+                            Err(e) => {
+                                eprintln!("error: {e}");
+                                return ExitCode::from(2);
+                            }
+                        }
                     }
-                },
-                None => ServerConfig::default(),
-            };
+                    None => ServerConfig::default(),
+                };
             if let Some(listen) = listen {
                 server_config.listen = listen;
             }
@@ -276,6 +299,9 @@ fn main() -> ExitCode {
             if let Err(e) = init_logging(&server_config) {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
+            }
+            if let Some(warning) = warning {
+                tracing::warn!("{warning}");
             }
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

@@ -181,6 +181,9 @@ async fn global_shadow_mode_never_denies(backend: Backend) {
         Some("blocked"),
         "still evaluated and reported"
     );
+    // As the reference: only the overall code is rewritten; the status stays as computed,
+    // so Envoy's logs and headers still see the would-be denial.
+    assert_eq!(r.statuses[0].code, OVER_LIMIT);
 }
 
 async fn custom_window_lengths(backend: Backend) {
@@ -396,7 +399,6 @@ async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving(backend:
         request("", vec![descriptor(&[("path", "/x")])]),
         request("compat", vec![]),
         request("compat", vec![descriptor(&[("", "x")])]),
-        request("compat", vec![descriptor(&[])]),
         request("compat", vec![descriptor(&[("path", &long)])]),
         request(
             "compat",
@@ -409,6 +411,21 @@ async fn bad_requests_are_invalid_argument_and_the_server_keeps_serving(backend:
         assert!(!err.message().is_empty());
     }
     assert_eq!(ask(&f, &[("path", "/fine")]).await.overall_code, OK);
+    // A descriptor without entries is a no-match, as in the reference: OK without a limit,
+    // and the other descriptors are still decided.
+    let r = call(
+        &mut client,
+        request(
+            "compat",
+            vec![descriptor(&[]), descriptor(&[("block", "x")])],
+        ),
+    )
+    .await
+    .expect("answered");
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    assert_eq!(r.statuses[0].code, OK);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert_eq!(r.statuses[1].code, OVER_LIMIT);
 }
 
 #[tokio::test]

@@ -1,14 +1,22 @@
-//! The HTTP admin listener: `/metrics`, `/healthz`, `/readyz` and `/admin/policies`.
-//! It shows configuration, never secrets and never request values.
+//! The HTTP admin listener: `/metrics`, `/healthz`, `/readyz` and `/admin/policies`, and the
+//! reference's `/healthcheck` and `/json`. It shows configuration, never secrets and never
+//! request values.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::Router;
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    rate_limit_response::Code, RateLimitRequest, RateLimitResponse,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
@@ -16,20 +24,89 @@ use super::readiness::Readiness;
 use crate::contract::Revision;
 use crate::policy::{PolicySet, Rule};
 
+/// The limiter's decision, as `/json` asks for it (the limiter is generic over its backend).
+pub type Decide = Arc<
+    dyn Fn(
+            RateLimitRequest,
+        )
+            -> Pin<Box<dyn Future<Output = Result<RateLimitResponse, tonic::Status>> + Send>>
+        + Send
+        + Sync,
+>;
+
 #[derive(Clone)]
 pub struct AdminState {
     pub readiness: Arc<Readiness>,
     pub policies: Arc<ArcSwap<PolicySet>>,
     pub metrics: PrometheusHandle,
+    pub decide: Decide,
+    /// Largest `/json` body accepted, in bytes (the gRPC message bound).
+    pub max_json_bytes: usize,
 }
 
 pub fn router(state: AdminState) -> Router {
+    let max = state.max_json_bytes;
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(healthcheck))
+        .route("/json", any(json).layer(DefaultBodyLimit::max(max)))
         .route("/admin/policies", get(policies))
+        .route("/rlconfig", get(rlconfig))
         .with_state(state)
+}
+
+/// The reference's health check: `200 OK` while serving, `500` otherwise (starting, backend
+/// unreachable, shutting down, or no policy loaded when that is required).
+async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
+    match state.readiness.check() {
+        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, TEXT)], "OK"),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, TEXT)],
+            "",
+        ),
+    }
+}
+
+/// The reference's `/json`: a proto3-JSON `RateLimitRequest`, answered with the JSON
+/// `RateLimitResponse`: 200 (OK), 429 (OVER_LIMIT), 500 (UNKNOWN overall code, or a backend
+/// failure answered as a gRPC error), 400 (a body or request the service refuses).
+async fn json(State(state): State<AdminState>, body: Bytes) -> axum::response::Response {
+    let plain = |code: StatusCode, message: String| {
+        (code, [(header::CONTENT_TYPE, TEXT)], message).into_response()
+    };
+    let request = match super::json::parse_request(&body) {
+        Ok(request) => request,
+        Err(e) => return plain(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n")),
+    };
+    let response = match (state.decide)(request).await {
+        Ok(response) => response,
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("Bad Request: {}\n", status.message()),
+            )
+        }
+        Err(status) => {
+            return plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Internal Server Error: {}\n", status.message()),
+            )
+        }
+    };
+    let code = match Code::try_from(response.overall_code) {
+        Ok(Code::Ok) => StatusCode::OK,
+        Ok(Code::OverLimit) => StatusCode::TOO_MANY_REQUESTS,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        super::json::response_json(&response).to_string(),
+    )
+        .into_response()
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -78,6 +155,25 @@ async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
             format!("cannot render policies: {e}\n"),
         ),
     }
+}
+
+/// The reference's `/rlconfig`: one line per configured limit (configuration only).
+async fn rlconfig(State(state): State<AdminState>) -> impl IntoResponse {
+    let set = state.policies.load();
+    let mut out = String::new();
+    for row in PoliciesView::of(&set).limits {
+        out.push_str(&format!(
+            "{}: policy={} limit={} period_ms={} algorithm={} unlimited={} shadow_mode={}\n",
+            row.display_path,
+            row.policy_id.as_deref().unwrap_or("-"),
+            row.limit.map_or("-".to_owned(), |l| l.to_string()),
+            row.period_ms.map_or("-".to_owned(), |p| p.to_string()),
+            row.algorithm.unwrap_or("-"),
+            row.unlimited,
+            row.shadow,
+        ));
+    }
+    ([(header::CONTENT_TYPE, TEXT)], out)
 }
 
 /// `/admin/policies`: the loaded set, one row per configured limit (and per `unlimited` rule).

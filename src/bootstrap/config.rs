@@ -26,7 +26,11 @@ pub struct ServerConfig {
     pub deny_cache: DenyCacheConfig,
     /// `over_limit` (default) or `grpc_unavailable`.
     pub failure_mode: FailureModeConfig,
+    /// Global shadow mode (the reference's `SHADOW_MODE`): statuses as computed, the overall
+    /// code never `OVER_LIMIT`.
     pub shadow_mode: bool,
+    /// Global quota mode (the reference's `QUOTA_MODE`): every descriptor is a quota one.
+    pub quota_mode: bool,
     /// Deadline for callers that send no `grpc-timeout`.
     #[serde(with = "serde_duration")]
     pub default_timeout: Duration,
@@ -47,7 +51,8 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadinessConfig {
-    /// Not ready while no policy domain is loaded. Unset: on with the Redis backend (a shared
+    /// Not ready while the loaded policy set has no domain (the reference's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`). Unset: on with the Redis backend (a shared
     /// deployment, where an empty set would allow everything behind every replica), off with
     /// the embedded one.
     pub require_policies: Option<bool>,
@@ -66,6 +71,7 @@ impl Default for ServerConfig {
             deny_cache: DenyCacheConfig::default(),
             failure_mode: FailureModeConfig::OverLimit,
             shadow_mode: false,
+            quota_mode: false,
             default_timeout: Duration::from_secs(1),
             deadline_margin: Duration::from_millis(2),
             headers: HeadersConfig::default(),
@@ -139,6 +145,10 @@ pub struct RedisConfig {
     /// Back-off advised to clients when Redis cannot decide.
     #[serde(with = "serde_duration")]
     pub retry_after: Duration,
+    /// Reference environment mode: `REDIS_AUTH` is `user:password`; the password is what
+    /// follows the first colon.
+    #[serde(skip)]
+    pub password_after_colon: bool,
 }
 
 #[derive(Clone, Deserialize)]
@@ -187,6 +197,7 @@ impl Default for RedisConfig {
             max_in_flight: d.max_in_flight,
             batch_max: d.batch_max,
             retry_after: d.retry_after,
+            password_after_colon: false,
         }
     }
 }
@@ -288,7 +299,13 @@ impl RedisConfig {
                 "redis",
                 self.password_file.as_deref(),
                 self.password_env.as_deref(),
-            )?,
+            )?
+            .map(|p| match p.expose().split_once(':') {
+                Some((_, password)) if self.password_after_colon => {
+                    crate::redis::Secret::new(password.to_owned())
+                }
+                _ => p,
+            }),
             tls: self.tls.as_ref().map(|t| TlsFiles {
                 ca_file: t.ca_file.clone(),
                 cert_file: t.cert_file.clone(),
@@ -376,6 +393,10 @@ pub struct HeadersConfig {
     pub draft: bool,
     pub legacy: bool,
     pub retry_after: bool,
+    /// The reference's `RateLimit-Limit` / `-Remaining` / `-Reset` trio
+    /// (`LIMIT_RESPONSE_HEADERS_ENABLED`).
+    pub reference: bool,
+    pub reference_names: ReferenceHeaderNamesConfig,
 }
 
 impl Default for HeadersConfig {
@@ -385,7 +406,47 @@ impl Default for HeadersConfig {
             draft: d.draft,
             legacy: d.legacy,
             retry_after: d.retry_after,
+            reference: d.reference.is_some(),
+            reference_names: ReferenceHeaderNamesConfig::default(),
         }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReferenceHeaderNamesConfig {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for ReferenceHeaderNamesConfig {
+    fn default() -> Self {
+        let d = crate::envoy::ReferenceHeaderNames::default();
+        Self {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset: d.reset,
+        }
+    }
+}
+
+impl ReferenceHeaderNamesConfig {
+    /// Header names must be valid HTTP field names (token characters), or Envoy drops them.
+    fn validate(&self) -> Result<(), String> {
+        for (field, name) in [
+            ("limit", &self.limit),
+            ("remaining", &self.remaining),
+            ("reset", &self.reset),
+        ] {
+            let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+            if name.is_empty() || !name.bytes().all(token) {
+                return Err(format!(
+                    "headers.reference_names.{field}: `{name}` is not a valid HTTP header name"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -585,6 +646,7 @@ impl ServerConfig {
         let config: Self =
             serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())?;
         config.limits.validate()?;
+        config.headers.reference_names.validate()?;
         if config.deny_cache.enabled && config.deny_cache.max_entries == 0 {
             return Err(
                 "deny_cache.max_entries: must be at least 1 (or set deny_cache.enabled: false)"

@@ -44,20 +44,20 @@ pub struct GuardedIncoming {
 impl GuardedIncoming {
     pub fn new(listener: TcpListener, limits: ConnectionLimits) -> Self {
         metrics::describe_gauge!(
-            "edgelimit_grpc_connections",
+            edgelimit_metrics::GRPC_CONNECTIONS,
             "Open gRPC connections (at most limits.max_connections)"
         );
         metrics::describe_counter!(
-            "edgelimit_grpc_connections_refused_total",
+            edgelimit_metrics::GRPC_CONNECTIONS_REFUSED,
             "gRPC connections closed at accept because limits.max_connections were open"
         );
         metrics::describe_counter!(
-            "edgelimit_grpc_handshake_timeouts_total",
+            edgelimit_metrics::GRPC_HANDSHAKE_TIMEOUTS,
             "gRPC connections closed for sending no HTTP/2 preface within limits.handshake_timeout"
         );
-        metrics::gauge!("edgelimit_grpc_connections").set(0.0);
-        metrics::counter!("edgelimit_grpc_connections_refused_total").increment(0);
-        metrics::counter!("edgelimit_grpc_handshake_timeouts_total").increment(0);
+        metrics::gauge!(edgelimit_metrics::GRPC_CONNECTIONS).set(0.0);
+        metrics::counter!(edgelimit_metrics::GRPC_CONNECTIONS_REFUSED).increment(0);
+        metrics::counter!(edgelimit_metrics::GRPC_HANDSHAKE_TIMEOUTS).increment(0);
         let keepalive = TcpKeepalive::new().with_time(limits.tcp_keepalive);
         Self {
             listener,
@@ -104,12 +104,12 @@ impl Stream for GuardedIncoming {
                     let Ok(permit) = self.slots.clone().try_acquire_owned() else {
                         // Closing at once tells the client to go elsewhere; not logged per
                         // connection, since a flood would flood the log too.
-                        metrics::counter!("edgelimit_grpc_connections_refused_total").increment(1);
+                        metrics::counter!(edgelimit_metrics::GRPC_CONNECTIONS_REFUSED).increment(1);
                         drop(stream);
                         continue;
                     };
                     self.configure(&stream);
-                    metrics::gauge!("edgelimit_grpc_connections").increment(1.0);
+                    metrics::gauge!(edgelimit_metrics::GRPC_CONNECTIONS).increment(1.0);
                     let deadline = Box::pin(tokio::time::sleep(self.limits.handshake_timeout));
                     return Poll::Ready(Some(Ok(GuardedStream {
                         stream,
@@ -134,7 +134,7 @@ pub struct GuardedStream {
 
 impl Drop for GuardedStream {
     fn drop(&mut self) {
-        metrics::gauge!("edgelimit_grpc_connections").decrement(1.0);
+        metrics::gauge!(edgelimit_metrics::GRPC_CONNECTIONS).decrement(1.0);
     }
 }
 
@@ -164,7 +164,7 @@ impl AsyncRead for GuardedStream {
                     .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
                 if expired {
                     self.handshake_deadline = None;
-                    metrics::counter!("edgelimit_grpc_handshake_timeouts_total").increment(1);
+                    metrics::counter!(edgelimit_metrics::GRPC_HANDSHAKE_TIMEOUTS).increment(1);
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "no HTTP/2 preface within limits.handshake_timeout",

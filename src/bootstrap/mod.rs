@@ -4,10 +4,12 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+mod json;
 pub use edgelimit_policy::duration;
 mod listener;
 pub mod log_filter;
 pub mod readiness;
+pub mod refenv;
 pub mod reload;
 pub mod secret;
 mod serve;

@@ -17,9 +17,9 @@ pub struct Readiness {
     /// Why the backend is not ready; `None` once it reported `Ready`.
     backend_not_ready: ArcSwapOption<String>,
     shutting_down: AtomicBool,
+    /// Set with `readiness.require_policies`: not ready while this set has no domain.
+    required_policies: std::sync::OnceLock<Arc<ArcSwap<PolicySet>>>,
     changed: Notify,
-    /// With `readiness.require_policies`: the served set, which must hold a domain.
-    required_policies: Option<Arc<ArcSwap<PolicySet>>>,
 }
 
 impl Default for Readiness {
@@ -30,8 +30,8 @@ impl Default for Readiness {
                 "backend readiness not checked yet".to_owned(),
             ),
             shutting_down: AtomicBool::new(false),
+            required_policies: std::sync::OnceLock::new(),
             changed: Notify::new(),
-            required_policies: None,
         }
     }
 }
@@ -41,17 +41,15 @@ impl Readiness {
         Arc::new(Self::default())
     }
 
-    /// Not ready while the served set has no domain (the reference's
-    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`): an empty set answers every request OK.
-    pub fn requiring_policies(policies: Arc<ArcSwap<PolicySet>>) -> Arc<Self> {
-        Arc::new(Self {
-            required_policies: Some(policies),
-            ..Self::default()
-        })
-    }
-
     pub fn set_policies_loaded(&self) {
         self.policies_loaded.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// `readiness.require_policies`: from now on, not ready while `policies` (the live,
+    /// reloaded set) holds no domain.
+    pub fn require_policies(&self, policies: Arc<ArcSwap<PolicySet>>) {
+        let _ = self.required_policies.set(policies);
         self.changed.notify_waiters();
     }
 
@@ -82,7 +80,7 @@ impl Readiness {
         if !self.policies_loaded.load(Ordering::SeqCst) {
             return Err("policies not loaded".into());
         }
-        if let Some(policies) = &self.required_policies {
+        if let Some(policies) = self.required_policies.get() {
             if policies.load().domains().next().is_none() {
                 return Err("no policy domain loaded (readiness.require_policies)".into());
             }

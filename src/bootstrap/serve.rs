@@ -68,8 +68,17 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
             draft: config.headers.draft,
             legacy: config.headers.legacy,
             retry_after: config.headers.retry_after,
+            reference: config
+                .headers
+                .reference
+                .then(|| crate::envoy::ReferenceHeaderNames {
+                    limit: config.headers.reference_names.limit.clone(),
+                    remaining: config.headers.reference_names.remaining.clone(),
+                    reset: config.headers.reference_names.reset.clone(),
+                }),
         },
         shadow_mode: config.shadow_mode,
+        quota_mode: config.quota_mode,
         default_timeout: config.default_timeout,
         deadline_margin: config.deadline_margin,
         bounds: config.limits.request_bounds(),
@@ -160,12 +169,11 @@ async fn run<B: RateLimitPort>(
 ) -> anyhow::Result<()> {
     tracing::info!(backend = %backend.describe(), "backend configured");
     let mut tasks = ops.tasks;
-    let readiness = if config.require_policies() {
-        Readiness::requiring_policies(policies.clone())
-    } else {
-        Readiness::new()
-    };
+    let readiness = Readiness::new();
     readiness.set_policies_loaded();
+    if config.require_policies() {
+        readiness.require_policies(policies.clone());
+    }
     let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
@@ -199,10 +207,23 @@ async fn run<B: RateLimitPort>(
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin_listen))?;
     let admin_addr = admin_listener.local_addr()?;
+    // Shared by gRPC and `/json`: one limiter, one set of counters.
+    let limiter = Arc::new(limiter);
+    let default_timeout = config.default_timeout;
+    let json_limiter = limiter.clone();
+    let decide: admin::Decide = Arc::new(move |request| {
+        let limiter = json_limiter.clone();
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            limiter.decide(&request, started + default_timeout).await
+        })
+    });
     let admin_router = admin::router(AdminState {
         readiness: readiness.clone(),
         policies: policies.clone(),
         metrics: ops.metrics,
+        decide,
+        max_json_bytes: config.limits.max_request_bytes,
     });
     // The admin listener outlives the gRPC drain, so `/readyz` answers 503 throughout it.
     tasks.push(tokio::spawn(async move {
@@ -223,8 +244,7 @@ async fn run<B: RateLimitPort>(
         .build_v1()
         .context("building the gRPC reflection service")?;
     let limits = &config.limits;
-    let rls = limiter
-        .into_server()
+    let rls = edgelimit_envoy::RateLimitServer::from_arc(limiter)
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_response_bytes);
     let incoming = GuardedIncoming::new(listener, connection_limits(limits));

@@ -58,71 +58,11 @@ pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
 }
 
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        "edgelimit_decisions_total",
-        "Limit evaluations by policy id and result"
-    );
-    describe_counter!(
-        "edgelimit_near_limit_total",
-        "Allowed evaluations that left at most 20% of the limit, by policy id"
-    );
-    describe_histogram!(
-        "edgelimit_grpc_request_seconds",
-        Unit::Seconds,
-        "ShouldRateLimit handling time"
-    );
-    describe_counter!(
-        "edgelimit_backend_failures_total",
-        "Backend outcomes that were not decisions, by category and cause"
-    );
-    describe_counter!(
-        "edgelimit_redis_noscript_reloads_total",
-        "NOSCRIPT replies answered by resending a program's source"
-    );
-    describe_histogram!(
-        "edgelimit_redis_command_seconds",
-        Unit::Seconds,
-        "Redis program round trip by program"
-    );
-    describe_gauge!(
-        "edgelimit_redis_in_flight",
-        "Redis commands in flight (sampled)"
-    );
-    describe_gauge!(
-        "edgelimit_redis_live_connections",
-        "Live Redis connections (sampled)"
-    );
-    describe_gauge!(
-        "edgelimit_memory_subjects",
-        "States the embedded backend tracks (sampled)"
-    );
-    describe_counter!(
-        "edgelimit_memory_capacity_rejections_total",
-        "New subjects the embedded backend refused at memory.max_subjects (sampled)"
-    );
-    describe_counter!(
-        "edgelimit_config_reloads_total",
-        "Policy reload attempts by result"
-    );
-    describe_gauge!(
-        "edgelimit_config_revision",
-        "Low 53 bits of the loaded policy set's revision"
-    );
-    describe_gauge!(
-        "edgelimit_config_rules",
-        "Descriptors (rules) in the loaded policy set"
-    );
-    describe_gauge!(
-        "edgelimit_config_last_reload_success_timestamp_seconds",
-        Unit::Seconds,
-        "When the loaded policy set was loaded"
-    );
-    describe_gauge!("edgelimit_build_info", "Always 1; labels carry the version");
+    edgelimit_metrics::describe_all();
 }
 
 fn build_info() {
-    metrics::gauge!("edgelimit_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!(edgelimit_metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
 /// The revision as a gauge value: Prometheus samples are doubles, exact up to 2^53.
@@ -132,10 +72,11 @@ pub fn revision_gauge_value(revision: u64) -> u64 {
 
 /// Records the set now being served.
 pub fn record_loaded(set: &PolicySet) {
-    metrics::gauge!("edgelimit_config_revision").set(revision_gauge_value(set.revision()) as f64);
-    metrics::gauge!("edgelimit_config_rules").set(set.len() as f64);
+    metrics::gauge!(edgelimit_metrics::CONFIG_REVISION)
+        .set(revision_gauge_value(set.revision()) as f64);
+    metrics::gauge!(edgelimit_metrics::CONFIG_RULES).set(set.len() as f64);
     let domains = set.domains().count();
-    metrics::gauge!("edgelimit_config_domains").set(domains as f64);
+    metrics::gauge!(edgelimit_metrics::CONFIG_DOMAINS).set(domains as f64);
     if domains == 0 {
         // Every request is then answered OK: say it loudly, once per load.
         tracing::warn!(
@@ -147,7 +88,7 @@ pub fn record_loaded(set: &PolicySet) {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
-    metrics::gauge!("edgelimit_config_last_reload_success_timestamp_seconds").set(now);
+    metrics::gauge!(edgelimit_metrics::CONFIG_LAST_RELOAD_SUCCESS).set(now);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +102,7 @@ pub fn record_reload(result: ReloadResult) {
         ReloadResult::Success => "success",
         ReloadResult::Failure => "failure",
     };
-    metrics::counter!("edgelimit_config_reloads_total", "result" => label).increment(1);
+    metrics::counter!(edgelimit_metrics::CONFIG_RELOADS, "result" => label).increment(1);
 }
 
 /// Samples the Redis backend's gauges; they are cheap atomics, so once a second is plenty.
@@ -170,8 +111,8 @@ pub fn spawn_redis_sampler(backend: Arc<RedisBackend>) -> tokio::task::JoinHandl
         let mut interval = tokio::time::interval(Duration::from_secs(1));
         loop {
             interval.tick().await;
-            metrics::gauge!("edgelimit_redis_in_flight").set(backend.in_flight() as f64);
-            metrics::gauge!("edgelimit_redis_live_connections")
+            metrics::gauge!(edgelimit_metrics::REDIS_IN_FLIGHT).set(backend.in_flight() as f64);
+            metrics::gauge!(edgelimit_metrics::REDIS_LIVE_CONNECTIONS)
                 .set(backend.live_connections() as f64);
         }
     })
@@ -183,8 +124,9 @@ pub fn spawn_memory_sampler(backend: Arc<MemoryBackend>) -> tokio::task::JoinHan
         let mut interval = tokio::time::interval(Duration::from_secs(1));
         loop {
             interval.tick().await;
-            metrics::gauge!("edgelimit_memory_subjects").set(backend.tracked_subjects() as f64);
-            metrics::counter!("edgelimit_memory_capacity_rejections_total")
+            metrics::gauge!(edgelimit_metrics::MEMORY_SUBJECTS)
+                .set(backend.tracked_subjects() as f64);
+            metrics::counter!(edgelimit_metrics::MEMORY_CAPACITY_REJECTIONS)
                 .absolute(backend.capacity_rejections());
         }
     })
@@ -206,5 +148,46 @@ mod tests {
         let v = revision_gauge_value(u64::MAX);
         assert_eq!(v as f64 as u64, v);
         assert_eq!(revision_gauge_value(42), 42);
+    }
+
+    /// The README's metrics table and the catalogue name the same metrics, with the same kind.
+    #[test]
+    fn readme_documents_exactly_the_catalogue() {
+        let readme = include_str!("../../README.md");
+        let section = readme
+            .split("\n### Metrics")
+            .nth(1)
+            .and_then(|rest| rest.split("\n### ").next())
+            .expect("README has a Metrics section");
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for row in section.lines().filter(|l| l.starts_with("| `edgelimit_")) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let names: Vec<&str> = cells[0].split(" / ").collect();
+            let kinds: Vec<&str> = cells[1].split(" / ").collect();
+            for (i, name) in names.iter().enumerate() {
+                let name = name.trim_start_matches("| ").trim_matches('`').to_owned();
+                let kind = kinds
+                    .get(i)
+                    .or(kinds.last())
+                    .expect("a kind")
+                    .trim()
+                    .to_owned();
+                documented.push((name, kind));
+            }
+        }
+        let mut catalogue: Vec<(String, String)> = edgelimit_metrics::ALL
+            .iter()
+            .map(|m| {
+                let kind = match m.kind {
+                    edgelimit_metrics::Kind::Counter => "counter",
+                    edgelimit_metrics::Kind::Gauge => "gauge",
+                    edgelimit_metrics::Kind::Histogram => "histogram",
+                };
+                (m.name.to_owned(), kind.to_owned())
+            })
+            .collect();
+        documented.sort();
+        catalogue.sort();
+        assert_eq!(documented, catalogue);
     }
 }

@@ -272,27 +272,27 @@ impl Frame {
             ready,
             seconds,
             requests: per_second("edgelimit_grpc_request_seconds_count"),
-            redis_connections: after.total("edgelimit_redis_live_connections"),
-            redis_in_flight: after.total("edgelimit_redis_in_flight"),
-            memory_subjects: after.total("edgelimit_memory_subjects"),
-            deny_cache_hits: per_second("edgelimit_deny_cache_hits_total"),
-            revision: after.total("edgelimit_config_revision"),
-            rules: after.total("edgelimit_config_rules"),
+            redis_connections: after.total(edgelimit_metrics::REDIS_LIVE_CONNECTIONS),
+            redis_in_flight: after.total(edgelimit_metrics::REDIS_IN_FLIGHT),
+            memory_subjects: after.total(edgelimit_metrics::MEMORY_SUBJECTS),
+            deny_cache_hits: per_second(edgelimit_metrics::DENY_CACHE_HITS),
+            revision: after.total(edgelimit_metrics::CONFIG_REVISION),
+            rules: after.total(edgelimit_metrics::CONFIG_RULES),
             ..Frame::default()
         };
         frame.reload_failures = after
-            .by("edgelimit_config_reloads_total", &["result"])
+            .by(edgelimit_metrics::CONFIG_RELOADS, &["result"])
             .get(&vec!["failure".to_owned()])
             .copied()
             .unwrap_or(0.0);
         if has_rates {
-            let grpc = "edgelimit_grpc_request_seconds";
+            let grpc = edgelimit_metrics::GRPC_REQUEST_SECONDS;
             frame.grpc_p50 = quantile(0.5, &prev.buckets(grpc), &after.buckets(grpc));
             frame.grpc_p99 = quantile(0.99, &prev.buckets(grpc), &after.buckets(grpc));
-            let redis = "edgelimit_redis_command_seconds";
+            let redis = edgelimit_metrics::REDIS_COMMAND_SECONDS;
             frame.redis_p99 = quantile(0.99, &prev.buckets(redis), &after.buckets(redis));
         }
-        let failures = "edgelimit_backend_failures_total";
+        let failures = edgelimit_metrics::BACKEND_FAILURES;
         let old = prev.by(failures, &["category", "cause"]);
         for (key, value) in after.by(failures, &["category", "cause"]) {
             let r = if has_rates {
@@ -304,10 +304,10 @@ impl Frame {
                 frame.failures.push((key.join("/"), r));
             }
         }
-        let decisions = "edgelimit_decisions_total";
+        let decisions = edgelimit_metrics::DECISIONS;
         let old = prev.by(decisions, &["policy", "result"]);
-        let near_old = prev.by("edgelimit_near_limit_total", &["policy"]);
-        let near = after.by("edgelimit_near_limit_total", &["policy"]);
+        let near_old = prev.by(edgelimit_metrics::NEAR_LIMIT, &["policy"]);
+        let near = after.by(edgelimit_metrics::NEAR_LIMIT, &["policy"]);
         let mut rows: BTreeMap<String, PolicyRow> = BTreeMap::new();
         for (key, value) in after.by(decisions, &["policy", "result"]) {
             let (policy, result) = (&key[0], key[1].as_str());
@@ -628,10 +628,13 @@ edgelimit_config_revision 255
     #[test]
     fn samples_parse_with_escaped_labels() {
         let s = Snapshot::parse(AFTER);
-        let weird = &s.series("edgelimit_decisions_total")[4];
+        let weird = &s.series(edgelimit_metrics::DECISIONS)[4];
         assert_eq!(weird.0["policy"], "we\"ird\\");
         assert_eq!(weird.1, 4.0);
-        assert_eq!(s.total("edgelimit_redis_live_connections"), Some(2.0));
+        assert_eq!(
+            s.total(edgelimit_metrics::REDIS_LIVE_CONNECTIONS),
+            Some(2.0)
+        );
         assert_eq!(s.total("absent"), None);
         assert!(parse_sample("x{a=1} 2").is_none());
         assert_eq!(parse_sample("x 2 1700000000").map(|s| s.2), Some(2.0));

@@ -98,9 +98,9 @@ impl<B: RateLimitPort> DenyCache<B> {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             settings,
             entries: AtomicUsize::new(0),
-            hits: metrics::counter!("edgelimit_deny_cache_hits_total"),
-            evictions: metrics::counter!("edgelimit_deny_cache_evictions_total"),
-            size: metrics::gauge!("edgelimit_deny_cache_entries"),
+            hits: metrics::counter!(edgelimit_metrics::DENY_CACHE_HITS),
+            evictions: metrics::counter!(edgelimit_metrics::DENY_CACHE_EVICTIONS),
+            size: metrics::gauge!(edgelimit_metrics::DENY_CACHE_ENTRIES),
         }
     }
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderSettings {
@@ -13,6 +14,8 @@ pub struct HeaderSettings {
     pub legacy: bool,
     /// `Retry-After` (seconds) when the request is denied.
     pub retry_after: bool,
+    /// The reference's `LIMIT_RESPONSE_HEADERS_ENABLED` trio, with its configurable names.
+    pub reference: Option<ReferenceHeaderNames>,
 }
 
 impl Default for HeaderSettings {
@@ -21,8 +24,74 @@ impl Default for HeaderSettings {
             draft: false,
             legacy: false,
             retry_after: true,
+            reference: None,
         }
     }
+}
+
+/// Names of the reference's three headers (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`,
+/// `LIMIT_RESET_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferenceHeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for ReferenceHeaderNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
+/// The reference's headers, chosen as it chooses them: the status with a limit and the
+/// fewest remaining, except that an over-limit normal (non-quota) descriptor always wins.
+/// Nothing when no descriptor has a limit.
+pub fn reference(
+    names: &ReferenceHeaderNames,
+    statuses: &[DescriptorStatus],
+    quota: &[bool],
+) -> Vec<HeaderValue> {
+    let mut chosen: Option<&DescriptorStatus> = None;
+    let mut least = u32::MAX;
+    for (i, status) in statuses.iter().enumerate() {
+        if status.current_limit.is_some() && status.limit_remaining < least {
+            chosen = Some(status);
+            least = status.limit_remaining;
+        }
+        let normal = !quota.get(i).copied().unwrap_or(false);
+        if normal && status.code == Code::OverLimit as i32 {
+            chosen = Some(status);
+            least = 0;
+        }
+    }
+    let Some(status) = chosen else {
+        return Vec::new();
+    };
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit);
+    let reset = status.duration_until_reset.as_ref().map_or(0, |d| {
+        let whole = u64::try_from(d.seconds).unwrap_or(0);
+        whole + u64::from(d.nanos > 0)
+    });
+    [
+        (&names.limit, limit.to_string()),
+        (&names.remaining, status.limit_remaining.to_string()),
+        (&names.reset, reset.to_string()),
+    ]
+    .into_iter()
+    .map(|(key, value)| HeaderValue {
+        key: key.clone(),
+        value,
+        raw_value: Vec::new(),
+    })
+    .collect()
 }
 
 /// What the headers describe.
@@ -103,6 +172,7 @@ mod tests {
             draft: true,
             legacy: true,
             retry_after: true,
+            reference: None,
         };
         let got = pairs(build(&all, &facts(Some(Duration::from_millis(12_300)))));
         let want = [
@@ -117,6 +187,62 @@ mod tests {
             got,
             want.map(|(k, v)| (k.to_string(), v.to_string())).to_vec()
         );
+    }
+
+    fn status(code: Code, remaining: u32, limit: Option<u32>) -> DescriptorStatus {
+        use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
+        use envoy_types::pb::google::protobuf::Duration as D;
+        DescriptorStatus {
+            code: code as i32,
+            current_limit: limit.map(|n| RateLimit {
+                name: String::new(),
+                requests_per_unit: n,
+                unit: 2,
+            }),
+            limit_remaining: remaining,
+            duration_until_reset: Some(D {
+                seconds: 41,
+                nanos: 5,
+            }),
+            quota: None,
+        }
+    }
+
+    #[test]
+    fn reference_headers_pick_the_reference_descriptor() {
+        let names = ReferenceHeaderNames {
+            limit: "X-L".into(),
+            ..ReferenceHeaderNames::default()
+        };
+        let statuses = [
+            status(Code::Ok, 7, Some(10)),
+            status(Code::Ok, 3, Some(5)),
+            status(Code::Ok, 0, None),
+        ];
+        let got = pairs(reference(&names, &statuses, &[false; 3]));
+        let want = [
+            ("X-L", "5"),
+            ("RateLimit-Remaining", "3"),
+            ("RateLimit-Reset", "42"),
+        ];
+        assert_eq!(
+            got,
+            want.map(|(k, v)| (k.to_string(), v.to_string())).to_vec()
+        );
+        // An over-limit normal descriptor wins; an over-limit quota one does not force it.
+        let statuses = [
+            status(Code::Ok, 0, Some(9)),
+            status(Code::OverLimit, 0, Some(4)),
+        ];
+        assert_eq!(
+            pairs(reference(&names, &statuses, &[false, true]))[0].1,
+            "9"
+        );
+        assert_eq!(
+            pairs(reference(&names, &statuses, &[false, false]))[0].1,
+            "4"
+        );
+        assert!(reference(&names, &[status(Code::Ok, 0, None)], &[false]).is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ mod translate;
 pub mod wire;
 
 pub use deadline::parse_grpc_timeout;
-pub use headers::{HeaderFacts, HeaderSettings};
+pub use headers::{HeaderFacts, HeaderSettings, ReferenceHeaderNames};
 pub use limiter::RateLimiter;
 pub use service::RateLimitServer;
 pub use settings::{FailureMode, ServiceSettings};

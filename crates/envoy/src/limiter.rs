@@ -17,7 +17,7 @@ use crate::metrics::{record_backend_failures, DecisionCounters};
 use crate::response::{self, Evaluated, Restriction};
 use crate::settings::ServiceSettings;
 use crate::subject::SubjectHasher;
-use crate::translate::{self, Hashers};
+use crate::translate::{self, Hashers, Modes};
 use crate::wire;
 
 pub struct RateLimiter<B> {
@@ -82,7 +82,11 @@ impl<B: RateLimitPort> RateLimiter<B> {
             current: &self.hasher,
             previous: self.previous_hasher.as_deref(),
         };
-        let plan = translate::plan(&policies, request, &hashers, self.settings.shadow_mode)
+        let modes = Modes {
+            global_shadow: self.settings.shadow_mode,
+            global_quota: self.settings.quota_mode,
+        };
+        let plan = translate::plan(&policies, request, &hashers, modes)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
 
         let (checks, owner) = plan
@@ -139,7 +143,11 @@ impl<B: RateLimitPort> RateLimiter<B> {
         response::build(
             request.descriptors.len(),
             &evaluated,
-            &plan.unlimited,
+            &response::Shape {
+                unlimited: &plan.unlimited,
+                quota: &plan.quota,
+                global_shadow: self.settings.shadow_mode,
+            },
             self.settings.failure_mode,
             &self.settings.headers,
         )

@@ -21,7 +21,7 @@ pub(crate) fn record_backend_failures(outcomes: &[RateLimitOutcome]) {
         if !seen.contains(&kind) {
             seen.push(kind);
             metrics::counter!(
-                "edgelimit_backend_failures_total",
+                edgelimit_metrics::BACKEND_FAILURES,
                 "category" => kind.0,
                 "cause" => kind.1
             )
@@ -32,12 +32,12 @@ pub(crate) fn record_backend_failures(outcomes: &[RateLimitOutcome]) {
 
 /// A request body that is not a `RateLimitRequest` (answered under the failure mode).
 pub(crate) fn record_malformed_request() {
-    metrics::counter!("edgelimit_malformed_requests_total").increment(1);
+    metrics::counter!(edgelimit_metrics::MALFORMED_REQUESTS).increment(1);
 }
 
 /// Time from a request's arrival to its answer.
 pub(crate) fn record_request_seconds(seconds: f64) {
-    metrics::histogram!("edgelimit_grpc_request_seconds").record(seconds);
+    metrics::histogram!(edgelimit_metrics::GRPC_REQUEST_SECONDS).record(seconds);
 }
 
 /// Values of the `result` label of `edgelimit_decisions_total`.
@@ -111,12 +111,12 @@ impl DecisionCounters {
         cache.counters.entry(policy.clone()).or_default()[slot]
             .get_or_insert_with(|| match DECISION_RESULTS.get(slot) {
                 Some(&result) => metrics::counter!(
-                    "edgelimit_decisions_total",
+                    edgelimit_metrics::DECISIONS,
                     "policy" => policy.to_string(),
                     "result" => result
                 ),
                 None => {
-                    metrics::counter!("edgelimit_near_limit_total", "policy" => policy.to_string())
+                    metrics::counter!(edgelimit_metrics::NEAR_LIMIT, "policy" => policy.to_string())
                 }
             })
             .increment(1);
@@ -212,6 +212,7 @@ mod tests {
             descriptor: 0,
             limit: Cow::Borrowed(limit),
             shadow,
+            rule_shadow: shadow,
             cost: Cost::Peek,
         }
     }
@@ -237,8 +238,8 @@ mod tests {
 
     #[test]
     fn decision_counters_register_once_per_policy_result_and_set() {
-        const DECISIONS: &str = "edgelimit_decisions_total";
-        const NEAR: &str = "edgelimit_near_limit_total";
+        const DECISIONS: &str = edgelimit_metrics::DECISIONS;
+        const NEAR: &str = edgelimit_metrics::NEAR_LIMIT;
         let recorder = Recorder::default();
         let counters = DecisionCounters::default();
         let (a, b) = (limit("d.a"), limit("d.b"));

@@ -46,15 +46,45 @@ impl Restriction {
     }
 }
 
+/// Per-descriptor facts of the request that shape the answer beyond the outcomes.
+pub(crate) struct Shape<'a> {
+    pub unlimited: &'a [bool],
+    /// Quota descriptors make the request over limit only when all of them are.
+    pub quota: &'a [bool],
+    /// Global shadow mode: statuses as computed, overall `OVER_LIMIT` rewritten to `OK`.
+    pub global_shadow: bool,
+}
+
+/// The overall code from the statuses, as the reference decides it: over limit when a
+/// normal descriptor is, or when every quota descriptor is (and there is at least one).
+fn overall_over(statuses: &[DescriptorStatus], shape: &Shape<'_>) -> bool {
+    let (mut failed_normal, mut failed_quota, mut total_quota) = (0usize, 0usize, 0usize);
+    for (i, status) in statuses.iter().enumerate() {
+        if shape.unlimited.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let quota = shape.quota.get(i).copied().unwrap_or(false);
+        let over = status.code == Code::OverLimit as i32;
+        total_quota += usize::from(quota);
+        if over && quota {
+            failed_quota += 1;
+        } else if over {
+            failed_normal += 1;
+        }
+    }
+    failed_normal > 0 || (total_quota > 0 && total_quota == failed_quota)
+}
+
 /// Builds the answer for `descriptors` descriptors. With `FailureMode::GrpcUnavailable`, an
 /// enforced limit that was not decided fails the whole call instead.
 pub(crate) fn build(
     descriptors: usize,
     evaluated: &[Evaluated<'_, '_>],
-    unlimited: &[bool],
+    shape: &Shape<'_>,
     failure_mode: FailureMode,
     header_settings: &HeaderSettings,
 ) -> Result<RateLimitResponse, Status> {
+    let unlimited = shape.unlimited;
     if failure_mode == FailureMode::GrpcUnavailable {
         let failed = evaluated
             .iter()
@@ -97,10 +127,13 @@ pub(crate) fn build(
         };
         statuses.push(status);
     }
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
-    let response_headers_to_add = headline
+    let over = overall_over(&statuses, shape) && !shape.global_shadow;
+    let mut response_headers_to_add = headline
         .map(|(e, _)| headers::build(header_settings, &header_facts(e)))
         .unwrap_or_default();
+    if let Some(names) = &header_settings.reference {
+        response_headers_to_add.extend(headers::reference(names, &statuses, shape.quota));
+    }
     Ok(RateLimitResponse {
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
         statuses,
@@ -140,7 +173,7 @@ fn descriptor_status(e: &Evaluated<'_, '_>) -> DescriptorStatus {
     let limit = &e.applied.limit;
     match &e.outcome {
         RateLimitOutcome::Evaluated(d) => DescriptorStatus {
-            code: if d.allowed || e.applied.shadow {
+            code: if d.allowed || e.applied.rule_shadow {
                 Code::Ok
             } else {
                 Code::OverLimit
@@ -152,8 +185,8 @@ fn descriptor_status(e: &Evaluated<'_, '_>) -> DescriptorStatus {
         },
         failed => DescriptorStatus {
             // Fail closed: unavailable, indeterminate and incompatible never become OK,
-            // except for limits the operator runs in shadow mode.
-            code: if e.applied.shadow {
+            // except for rules the operator runs in shadow mode.
+            code: if e.applied.rule_shadow {
                 Code::Ok
             } else {
                 Code::OverLimit

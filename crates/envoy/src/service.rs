@@ -49,15 +49,20 @@ impl<B> Clone for RateLimitServer<B> {
 
 impl<B: RateLimitPort> RateLimiter<B> {
     pub fn into_server(self) -> RateLimitServer<B> {
-        RateLimitServer {
-            limiter: Arc::new(self),
-            max_decoding_message_size: None,
-            max_encoding_message_size: None,
-        }
+        RateLimitServer::from_arc(Arc::new(self))
     }
 }
 
 impl<B> RateLimitServer<B> {
+    /// The service of a limiter that is shared (with the admin `/json` endpoint).
+    pub fn from_arc(limiter: Arc<RateLimiter<B>>) -> Self {
+        Self {
+            limiter,
+            max_decoding_message_size: None,
+            max_encoding_message_size: None,
+        }
+    }
+
     #[must_use]
     pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
         self.max_decoding_message_size = Some(limit);

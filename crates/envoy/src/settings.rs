@@ -20,8 +20,12 @@ pub enum FailureMode {
 pub struct ServiceSettings {
     pub failure_mode: FailureMode,
     pub headers: HeaderSettings,
-    /// Report every would-be denial as OK (counted as shadow_denied).
+    /// Global shadow mode: nothing is enforced (counted as shadow_denied); statuses stay as
+    /// computed and only an `OVER_LIMIT` overall code is rewritten to `OK`, as the reference's
+    /// `SHADOW_MODE` does.
     pub shadow_mode: bool,
+    /// The reference's `QUOTA_MODE`: every descriptor is a quota descriptor.
+    pub quota_mode: bool,
     /// Deadline for callers that send no `grpc-timeout`.
     pub default_timeout: Duration,
     /// Kept back from the caller's deadline for answering: the backend must be done this long
@@ -40,6 +44,7 @@ impl Default for ServiceSettings {
             failure_mode: FailureMode::OverLimit,
             headers: HeaderSettings::default(),
             shadow_mode: false,
+            quota_mode: false,
             default_timeout: Duration::from_secs(1),
             deadline_margin: Self::DEFAULT_DEADLINE_MARGIN,
             bounds: RequestBounds::default(),

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use thiserror::Error;
 
 use edgelimit_contract::{ContractError, Cost, Enforcement, LimitCheck, SubjectDigest};
-use edgelimit_policy::{Limit, PolicySet, Unit};
+use edgelimit_policy::{Limit, PolicySet, Rule, Unit};
 
 use crate::subject::SubjectHasher;
 use crate::wire::{Descriptor as RateLimitDescriptor, Request as RateLimitRequest};
@@ -44,8 +44,6 @@ pub enum RequestError {
     NoDescriptors,
     #[error("request has {count} descriptors, at most {max} allowed")]
     TooManyDescriptors { count: usize, max: usize },
-    #[error("descriptors[{descriptor}] has no entries")]
-    NoEntries { descriptor: usize },
     #[error("descriptors[{descriptor}] has {count} entries, at most {max} allowed")]
     TooManyEntries {
         descriptor: usize,
@@ -124,9 +122,8 @@ fn validate_descriptor(
     descriptor: &RateLimitDescriptor,
     bounds: &RequestBounds,
 ) -> Result<(), RequestError> {
-    if descriptor.entries.is_empty() {
-        return Err(RequestError::NoEntries { descriptor: index });
-    }
+    // A descriptor without entries matches nothing (as in the reference): it is answered OK
+    // without a limit and the rest of the request is decided.
     if descriptor.entries.len() > bounds.max_entries_per_descriptor {
         return Err(RequestError::TooManyEntries {
             descriptor: index,
@@ -178,7 +175,11 @@ pub fn descriptor_cost(request_hits: u32, descriptor: &RateLimitDescriptor) -> u
 pub(crate) struct Applied<'p> {
     pub descriptor: usize,
     pub limit: Cow<'p, Limit>,
+    /// Not enforced: its rule's `shadow_mode`, or the global shadow mode.
     pub shadow: bool,
+    /// The rule's own `shadow_mode`: its status reads OK even when over limit. Under the
+    /// global shadow mode alone, statuses stay as computed and only the overall code is OK.
+    pub rule_shadow: bool,
     pub cost: Cost,
 }
 
@@ -189,6 +190,9 @@ pub(crate) struct Plan<'p> {
     pub applied: Vec<Applied<'p>>,
     /// Per descriptor: whether it matched an `unlimited` rule.
     pub unlimited: Vec<bool>,
+    /// Per descriptor: whether it counts as a quota descriptor (`quota_mode` of its rule, or
+    /// the global quota mode).
+    pub quota: Vec<bool>,
     /// Per applied limit: its subject, and its subject under the previous secret while one
     /// rotates.
     subjects: Vec<(SubjectDigest, Option<SubjectDigest>)>,
@@ -229,14 +233,26 @@ pub(crate) struct Hashers<'a> {
     pub previous: Option<&'a SubjectHasher>,
 }
 
+/// Request-wide modes set by the operator.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Modes {
+    pub global_shadow: bool,
+    pub global_quota: bool,
+}
+
 /// Builds the plan of a validated request against `policies`.
 pub(crate) fn plan<'p>(
     policies: &'p PolicySet,
     request: &RateLimitRequest,
     hashers: &Hashers<'_>,
-    global_shadow: bool,
+    modes: Modes,
 ) -> Result<Plan<'p>, RequestError> {
-    let (applied, unlimited) = applicable_limits(policies, request, global_shadow)?;
+    let Matched {
+        applied,
+        unlimited,
+        quota,
+        rules,
+    } = applicable_limits(policies, request, modes)?;
     // One digest per descriptor (two while a secret rotates), shared by its limits.
     let mut per_descriptor: Vec<Option<(SubjectDigest, Option<SubjectDigest>)>> =
         vec![None; request.descriptors.len()];
@@ -248,6 +264,7 @@ pub(crate) fn plan<'p>(
                     hashers,
                     &request.domain,
                     &request.descriptors[item.descriptor],
+                    rules[item.descriptor],
                 )
             })
         })
@@ -255,20 +272,27 @@ pub(crate) fn plan<'p>(
     Ok(Plan {
         applied,
         unlimited,
+        quota,
         subjects,
     })
 }
 
+/// The subject digests of a descriptor; `share_threshold` levels of its rule contribute
+/// their wildcard pattern instead of the value, so all matching values share a counter.
 fn digests(
     hashers: &Hashers<'_>,
     domain: &[u8],
     descriptor: &RateLimitDescriptor,
+    rule: Option<&Rule>,
 ) -> (SubjectDigest, Option<SubjectDigest>) {
     let entries = || {
-        descriptor
-            .entries
-            .iter()
-            .map(|e| (e.key.as_slice(), e.value.as_slice()))
+        descriptor.entries.iter().enumerate().map(move |(i, e)| {
+            let value = match rule {
+                Some(rule) => rule.subject_value(i, &e.value),
+                None => e.value.as_slice(),
+            };
+            (e.key.as_slice(), value)
+        })
     };
     (
         hashers.current.digest(domain, entries()),
@@ -276,21 +300,41 @@ fn digests(
     )
 }
 
+/// What matching a request's descriptors found.
+struct Matched<'p> {
+    applied: Vec<Applied<'p>>,
+    unlimited: Vec<bool>,
+    quota: Vec<bool>,
+    /// Per descriptor: the rule it matched, if any (for `share_threshold` subjects).
+    rules: Vec<Option<&'p Rule>>,
+}
+
 /// Limits that apply to each descriptor, after `replaces` across the whole request, and
 /// which descriptors matched an `unlimited` rule.
 fn applicable_limits<'p>(
     policies: &'p PolicySet,
     request: &RateLimitRequest,
-    global_shadow: bool,
-) -> Result<(Vec<Applied<'p>>, Vec<bool>), RequestError> {
-    let mut applied = Vec::with_capacity(request.descriptors.len());
-    let mut unlimited = vec![false; request.descriptors.len()];
+    modes: Modes,
+) -> Result<Matched<'p>, RequestError> {
+    let global_shadow = modes.global_shadow;
+    let count = request.descriptors.len();
+    let mut applied = Vec::with_capacity(count);
+    let mut unlimited = vec![false; count];
+    // As in the reference, the global quota mode makes every descriptor but unlimited ones
+    // a quota descriptor, matched or not.
+    let mut quota = vec![modes.global_quota; count];
+    let mut rules: Vec<Option<&'p Rule>> = vec![None; count];
     // Policy domains are UTF-8: a domain that is not is like any other unknown domain.
     let Some(domain) = std::str::from_utf8(&request.domain)
         .ok()
         .filter(|d| policies.has_domain(d))
     else {
-        return Ok((applied, unlimited));
+        return Ok(Matched {
+            applied,
+            unlimited,
+            quota,
+            rules,
+        });
     };
     let mut replaced: Vec<&str> = Vec::new();
     for (index, descriptor) in request.descriptors.iter().enumerate() {
@@ -300,8 +344,12 @@ fn applicable_limits<'p>(
                 descriptor: index,
                 limit: Cow::Owned(limit),
                 shadow: global_shadow,
+                rule_shadow: false,
                 cost: cost()?,
             });
+            continue;
+        }
+        if descriptor.entries.is_empty() {
             continue;
         }
         let entries = descriptor
@@ -311,7 +359,11 @@ fn applicable_limits<'p>(
         let Some(rule) = policies.find(domain, entries) else {
             continue;
         };
+        rules[index] = Some(rule);
         unlimited[index] = rule.unlimited;
+        if let Some(q) = quota.get_mut(index) {
+            *q = !rule.unlimited && (*q || rule.quota_mode);
+        }
         replaced.extend(rule.replaces.iter().map(String::as_str));
         if rule.limits.is_empty() {
             continue;
@@ -322,6 +374,7 @@ fn applicable_limits<'p>(
                 descriptor: index,
                 limit: Cow::Borrowed(limit),
                 shadow: rule.shadow_mode || global_shadow,
+                rule_shadow: rule.shadow_mode,
                 cost,
             });
         }
@@ -334,6 +387,21 @@ fn applicable_limits<'p>(
                 .is_none_or(|name| !replaced.contains(&name))
         });
     }
+    // Quota descriptors deny the request only when all of them are over limit. With one, that
+    // is its own answer (enforced as usual); with several, each is decided without blocking
+    // the others, and the response derives the overall code from their statuses.
+    let quota_descriptors = quota
+        .iter()
+        .zip(&unlimited)
+        .filter(|(q, u)| **q && !**u)
+        .count();
+    if quota_descriptors > 1 {
+        for a in applied.iter_mut() {
+            if quota.get(a.descriptor).copied().unwrap_or(false) {
+                a.shadow = true;
+            }
+        }
+    }
     // A cost the limit does not accept is the caller's error, named for its descriptor.
     for a in &applied {
         let max = a.limit.policy.max_cost();
@@ -345,7 +413,12 @@ fn applicable_limits<'p>(
             });
         }
     }
-    Ok((applied, unlimited))
+    Ok(Matched {
+        applied,
+        unlimited,
+        quota,
+        rules,
+    })
 }
 
 fn descriptor_cost_checked(
@@ -426,6 +499,12 @@ mod tests {
     fn accepts_a_normal_request() {
         let r = request("edge", vec![descriptor(&[("remote_address", "10.0.0.1")])]);
         assert_eq!(validate(&r, &RequestBounds::default()), Ok(()));
+        let with_empty = request("edge", vec![descriptor(&[("k", "v")]), descriptor(&[])]);
+        assert_eq!(
+            validate(&with_empty, &RequestBounds::default()),
+            Ok(()),
+            "a descriptor without entries is a no-match, as in the reference"
+        );
     }
 
     #[test]
@@ -448,10 +527,6 @@ mod tests {
             (
                 request("d", vec![ok(), ok(), ok()]),
                 RequestError::TooManyDescriptors { count: 3, max: 2 },
-            ),
-            (
-                request("d", vec![ok(), descriptor(&[])]),
-                RequestError::NoEntries { descriptor: 1 },
             ),
             (
                 request("d", vec![descriptor(&[("a", ""), ("b", ""), ("c", "")])]),

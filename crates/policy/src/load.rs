@@ -92,9 +92,10 @@ impl LoadOptions {
     }
 
     /// YAML nesting needed for `max_depth` descriptor levels: each level is a list and a
-    /// mapping, plus the top mapping and a `rate_limits`/`replaces` list of mappings.
+    /// mapping, plus the top mapping, a `rate_limits` list of mappings holding a `replaces`
+    /// list of mappings, and room for a shallow `metadata` map.
     fn yaml_depth(&self) -> usize {
-        self.max_depth.saturating_mul(2).saturating_add(4)
+        self.max_depth.saturating_mul(2).saturating_add(6)
     }
 }
 
@@ -319,6 +320,8 @@ struct Walk<'p> {
     file: usize,
     parent: Option<NodeId>,
     path: Vec<PathLevel<'p>>,
+    /// Per level: the wildcard pattern when that level has `share_threshold: true`.
+    shared: Vec<Option<&'p str>>,
 }
 
 impl SetBuilder<'_> {
@@ -346,6 +349,7 @@ impl SetBuilder<'_> {
                 file: *file,
                 parent: None,
                 path: Vec::new(),
+                shared: Vec::new(),
             };
             if !self.descriptor(&walk, descriptor, &mut count) {
                 break;
@@ -355,7 +359,12 @@ impl SetBuilder<'_> {
     }
 
     /// Adds a descriptor and its children; `false` once the domain's rule budget is spent.
-    fn descriptor(&mut self, walk: &Walk<'_>, d: &DescriptorConfig, count: &mut usize) -> bool {
+    fn descriptor<'p>(
+        &mut self,
+        walk: &Walk<'p>,
+        d: &'p DescriptorConfig,
+        count: &mut usize,
+    ) -> bool {
         *count += 1;
         if *count > self.options.max_rules_per_domain {
             self.err(
@@ -372,6 +381,8 @@ impl SetBuilder<'_> {
         }
         let mut path = walk.path.clone();
         path.push((d.key.as_str(), d.value.as_deref()));
+        let mut shared = walk.shared.clone();
+        shared.push(d.value.as_deref().filter(|_| d.share_threshold));
         // Insert first: a descriptor that collides with another file's gets no rule, so the
         // collision is reported once rather than again as a policy id clash.
         let index = self.rules.len();
@@ -400,7 +411,10 @@ impl SetBuilder<'_> {
                 return true;
             }
         };
-        let rule = self.rule(walk, &path, d);
+        let mut rule = self.rule(walk, &path, d);
+        if shared.iter().any(Option::is_some) {
+            rule.share_patterns = shared.iter().map(|p| p.map(str::to_owned)).collect();
+        }
         self.rules.push(rule);
         let child_walk = Walk {
             domain: walk.domain,
@@ -408,6 +422,7 @@ impl SetBuilder<'_> {
             file: walk.file,
             parent: Some(node),
             path,
+            shared,
         };
         d.children
             .iter()
@@ -453,8 +468,11 @@ impl SetBuilder<'_> {
             limits,
             unlimited: d.unlimited,
             shadow_mode: d.shadow_mode,
+            quota_mode: d.quota_mode,
             detailed_metric: d.detailed_metric,
+            value_to_metric: d.value_to_metric,
             replaces: d.replaces.clone(),
+            share_patterns: Vec::new(),
         }
     }
 

@@ -86,12 +86,32 @@ pub struct Rule {
     pub limits: Vec<Limit>,
     pub unlimited: bool,
     pub shadow_mode: bool,
+    /// The reference's `quota_mode`: an over-limit status of this rule makes the request
+    /// over limit only when every quota-mode descriptor of the request is over limit.
+    pub quota_mode: bool,
+    /// Accepted for compatibility. Metrics are labelled by policy id, which already names
+    /// the exact rule reached; request values never become labels.
     pub detailed_metric: bool,
+    /// Accepted for compatibility; as `detailed_metric`, it never puts values in metrics.
+    pub value_to_metric: bool,
     /// Names of limits this rule replaces when both apply to one request.
     pub replaces: Vec<String>,
+    /// Empty unless a level of this rule's path has `share_threshold: true`; then one entry
+    /// per level, the wildcard pattern for shared levels. The subject of such a request is
+    /// computed over the pattern at those levels, so every matching value shares a counter.
+    pub share_patterns: Vec<Option<String>>,
 }
 
 impl Rule {
+    /// The value that identifies the subject at `level`: the wildcard pattern for a
+    /// `share_threshold` level, the request's own value otherwise.
+    pub fn subject_value<'a>(&'a self, level: usize, value: &'a [u8]) -> &'a [u8] {
+        match self.share_patterns.get(level) {
+            Some(Some(pattern)) => pattern.as_bytes(),
+            _ => value,
+        }
+    }
+
     /// Whether this rule answers anything: rules that merely group nested descriptors do not.
     pub fn has_limit(&self) -> bool {
         self.unlimited || !self.limits.is_empty()

@@ -33,9 +33,16 @@ pub(crate) struct DescriptorConfig {
     pub unlimited: bool,
     /// `rate_limit.name` of an unlimited rule (limits carry their own names).
     pub unlimited_name: Option<String>,
+    /// Names from `replaces` at descriptor level and inside `rate_limit(s)`.
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
+    /// Reference `quota_mode`: over limit only if every quota descriptor of the request is.
+    pub quota_mode: bool,
     pub detailed_metric: bool,
+    /// Reference `value_to_metric`: accepted; metrics never carry values (see README).
+    pub value_to_metric: bool,
+    /// Reference `share_threshold`: every value matching this wildcard shares one counter.
+    pub share_threshold: bool,
     pub children: Vec<DescriptorConfig>,
 }
 
@@ -61,6 +68,14 @@ enum Parsed {
     Unlimited { name: Option<String> },
 }
 
+/// One `replaces[].name`, kept with its place so a self-replacement can be reported there.
+#[derive(Debug, Clone)]
+struct Replace {
+    name: String,
+    pos: Pos,
+    field: String,
+}
+
 const TOP_FIELDS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
@@ -69,7 +84,11 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "rate_limits",
     "replaces",
     "shadow_mode",
+    "quota_mode",
     "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
     "descriptors",
 ];
 const LIMIT_FIELDS: &[&str] = &[
@@ -77,6 +96,7 @@ const LIMIT_FIELDS: &[&str] = &[
     "requests_per_unit",
     "unlimited",
     "name",
+    "replaces",
     "algorithm",
     "burst",
     "unit_multiplier",
@@ -223,8 +243,31 @@ impl Ctx<'_> {
             .and_then(|n| self.string(n, &join(field, "value")))
             .filter(|v| !v.is_empty());
         let shadow_mode = self.flag(&fields, field, "shadow_mode");
+        let quota_mode = self.flag(&fields, field, "quota_mode");
         let detailed_metric = self.flag(&fields, field, "detailed_metric");
+        let value_to_metric = self.flag(&fields, field, "value_to_metric");
+        let share_threshold = self.flag(&fields, field, "share_threshold");
+        if share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            let at = fields.get("share_threshold").map_or(fields.pos, Node::pos);
+            self.err(
+                at,
+                &join(field, "share_threshold"),
+                "`share_threshold: true` needs a wildcard `value` (containing `*`)",
+            );
+        }
+        if let Some(meta) = fields.get("metadata") {
+            // Free-form in the reference (returned as dynamic metadata); only its shape is
+            // checked here.
+            if !matches!(meta, Node::Mapping(..)) {
+                self.err(
+                    meta.pos(),
+                    &join(field, "metadata"),
+                    format!("expected a mapping, found {}", meta.kind()),
+                );
+            }
+        }
 
+        let mut replaces: Vec<Replace> = Vec::new();
         let mut limits = Vec::new();
         let mut unlimited = false;
         let mut unlimited_name = None;
@@ -237,7 +280,7 @@ impl Ctx<'_> {
                 "`rate_limits` cannot be combined with `rate_limit`; list every limit under `rate_limits`",
             );
         } else if let Some(node) = single {
-            match self.limit(node, &join(field, "rate_limit")) {
+            match self.limit(node, &join(field, "rate_limit"), &mut replaces) {
                 Some(Parsed::Limit(l)) => limits.push(l),
                 Some(Parsed::Unlimited { name }) => {
                     unlimited = true;
@@ -253,7 +296,7 @@ impl Ctx<'_> {
                 }
                 for (i, item) in items.iter().enumerate() {
                     let item_field = format!("{list_field}[{i}]");
-                    match self.limit(item, &item_field) {
+                    match self.limit(item, &item_field, &mut replaces) {
                         Some(Parsed::Limit(l)) => limits.push(l),
                         Some(Parsed::Unlimited { name }) if items.len() == 1 => {
                             unlimited = true;
@@ -270,10 +313,28 @@ impl Ctx<'_> {
             }
         }
 
-        let replaces = fields
-            .get("replaces")
-            .map(|n| self.replaces(n, &join(field, "replaces")))
-            .unwrap_or_default();
+        if let Some(n) = fields.get("replaces") {
+            self.replaces(n, &join(field, "replaces"), &mut replaces);
+        }
+        // The reference rejects a rule naming itself: it would silently disable itself.
+        let own: Vec<&str> = limits
+            .iter()
+            .filter_map(|l| l.name.as_deref())
+            .chain(unlimited_name.as_deref())
+            .collect();
+        for r in &replaces {
+            if own.contains(&r.name.as_str()) {
+                self.err(
+                    r.pos,
+                    &r.field,
+                    format!(
+                        "a rule cannot replace itself: `{}` is the name of this descriptor's own limit",
+                        r.name
+                    ),
+                );
+            }
+        }
+        let replaces = replaces.into_iter().map(|r| r.name).collect();
         let children = self.descriptor_list(fields.get("descriptors"), field, depth + 1);
         Some(DescriptorConfig {
             key: key?,
@@ -285,32 +346,46 @@ impl Ctx<'_> {
             unlimited_name,
             replaces,
             shadow_mode,
+            quota_mode,
             detailed_metric,
+            value_to_metric,
+            share_threshold,
             children,
         })
     }
 
-    fn replaces(&mut self, node: &Node, field: &str) -> Vec<String> {
+    fn replaces(&mut self, node: &Node, field: &str, names: &mut Vec<Replace>) {
         let Some(items) = self.sequence(node, field) else {
-            return Vec::new();
+            return;
         };
-        let mut names = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let item_field = format!("{field}[{i}]");
             let Some(fields) = self.mapping(item, &item_field, REPLACES_FIELDS) else {
                 continue;
             };
             match fields.get("name") {
-                Some(n) => names.extend(self.non_empty(n, &join(&item_field, "name"))),
+                Some(n) => {
+                    let name_field = join(&item_field, "name");
+                    if let Some(name) = self.non_empty(n, &name_field) {
+                        names.push(Replace {
+                            name,
+                            pos: n.pos(),
+                            field: name_field,
+                        });
+                    }
+                }
                 None => self.err(fields.pos, &item_field, "missing required field `name`"),
             }
         }
-        names
     }
 
-    fn limit(&mut self, node: &Node, field: &str) -> Option<Parsed> {
+    fn limit(&mut self, node: &Node, field: &str, replaces: &mut Vec<Replace>) -> Option<Parsed> {
         let fields = self.mapping(node, field, LIMIT_FIELDS)?;
         let sub = |name: &str| join(field, name);
+        // Where the reference's documentation puts it: `rate_limit: {replaces: [...]}`.
+        if let Some(n) = fields.get("replaces") {
+            self.replaces(n, &sub("replaces"), replaces);
+        }
         let name = fields
             .get("name")
             .and_then(|n| self.non_empty(n, &sub("name")));

@@ -903,3 +903,135 @@ proptest! {
         }
     }
 }
+
+// ---- the reference's newer fields -------------------------------------------------------
+
+/// Every field the reference's format knows, written the way its documentation writes them.
+const REFERENCE_FULL: &str = "\
+domain: full
+descriptors:
+  - key: user
+    quota_mode: true
+    detailed_metric: true
+    value_to_metric: true
+    metadata:
+      tier: {name: gold}
+    rate_limit:
+      name: per-user
+      unit: week
+      requests_per_unit: 70
+  - key: user
+    value: vip
+    rate_limit:
+      name: vip
+      unit: DAY
+      requests_per_unit: 1000
+      replaces:
+        - name: per-user
+  - key: path
+    value: /files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /shared/*/raw
+    share_threshold: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: second, requests_per_unit: 2}
+  - key: path
+    value: /own/*
+    rate_limit: {unit: year, requests_per_unit: 9}
+";
+
+#[test]
+fn the_whole_reference_format_loads() {
+    let set = ok(REFERENCE_FULL);
+    let user = set.find("full", [("user", "u1")]).unwrap();
+    assert!(user.quota_mode && user.detailed_metric && user.value_to_metric);
+    assert_eq!(user.limits[0].unit, Unit::Week);
+    assert_eq!(user.limits[0].window_seconds, 7 * 86_400);
+    let vip = set.find("full", [("user", "vip")]).unwrap();
+    assert_eq!(vip.replaces, vec!["per-user".to_string()]);
+    assert_eq!(vip.limits[0].unit, Unit::Day);
+    let files = set.find("full", [("path", "/files/a")]).unwrap();
+    assert_eq!(files.share_patterns, vec![Some("/files/*".to_string())]);
+    assert_eq!(files.subject_value(0, b"/files/a"), b"/files/*");
+    let nested = set
+        .find("full", [("path", "/shared/x/raw"), ("method", "GET")])
+        .unwrap();
+    assert_eq!(
+        nested.share_patterns,
+        vec![Some("/shared/*/raw".into()), None]
+    );
+    assert_eq!(nested.subject_value(1, b"GET"), b"GET");
+    let own = set.find("full", [("path", "/own/a")]).unwrap();
+    assert!(own.share_patterns.is_empty(), "no sharing unless asked");
+    assert_eq!(own.subject_value(0, b"/own/a"), b"/own/a");
+    assert_eq!(own.limits[0].unit, Unit::Year);
+}
+
+#[test]
+fn replaces_is_read_in_both_places() {
+    let set = ok("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces: [{name: x}]\n    replaces: [{name: y}]\n");
+    let rule = set.find("d", [("a", "1")]).unwrap();
+    assert_eq!(rule.replaces, vec!["x".to_string(), "y".to_string()]);
+    let set = ok("domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 1, replaces: [{name: x}]}\n");
+    let rule = set.find("d", [("a", "1")]).unwrap();
+    assert_eq!(rule.replaces, vec!["x".to_string()]);
+}
+
+#[test]
+fn self_replacement_and_empty_replaces_are_located_errors() {
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      name: me\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: me\n",
+        9,
+        "descriptors[0].rate_limit.replaces[0].name",
+        "cannot replace itself",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: me, unlimited: true}\n    replaces:\n      - name: me\n",
+        6,
+        "descriptors[0].replaces[0].name",
+        "cannot replace itself",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      replaces:\n        - name: \"\"\n",
+        7,
+        "descriptors[0].rate_limit.replaces[0].name",
+        "must not be empty",
+    );
+}
+
+#[test]
+fn share_threshold_needs_a_wildcard_and_new_flags_are_booleans() {
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    value: exact\n    share_threshold: true\n    rate_limit: {unit: second}\n",
+        5,
+        "descriptors[0].share_threshold",
+        "wildcard",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    share_threshold: true\n    rate_limit: {unit: second}\n",
+        4,
+        "descriptors[0].share_threshold",
+        "wildcard",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    quota_mode: often\n",
+        4,
+        "descriptors[0].quota_mode",
+        "expected true or false",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    metadata: [1]\n",
+        4,
+        "descriptors[0].metadata",
+        "expected a mapping",
+    );
+    one_error(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight}\n",
+        4,
+        "descriptors[0].rate_limit.unit",
+        "invalid unit",
+    );
+}

@@ -84,7 +84,7 @@ impl Batcher {
             connections,
             programs,
             io,
-            size: metrics::histogram!("edgelimit_redis_batch_requests"),
+            size: metrics::histogram!(edgelimit_metrics::REDIS_BATCH_REQUESTS),
         })
     }
 

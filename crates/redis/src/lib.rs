@@ -545,7 +545,7 @@ impl RedisBackend {
                 }
                 if !admitted(&outcomes, group) {
                     if committed > 0 {
-                        metrics::counter!("edgelimit_redis_partial_commits_total")
+                        metrics::counter!(edgelimit_metrics::REDIS_PARTIAL_COMMITS)
                             .increment(committed as u64);
                     }
                     break;

@@ -136,14 +136,14 @@ impl Program {
     /// `edgelimit_redis_command_seconds{program}`.
     pub fn latency(&self) -> &metrics::Histogram {
         self.latency.get_or_init(
-            || metrics::histogram!("edgelimit_redis_command_seconds", "program" => self.name),
+            || metrics::histogram!(edgelimit_metrics::REDIS_COMMAND_SECONDS, "program" => self.name),
         )
     }
 
     /// `edgelimit_redis_noscript_reloads_total{program}`.
     pub fn noscript_resends(&self) -> &metrics::Counter {
         self.noscript.get_or_init(
-            || metrics::counter!("edgelimit_redis_noscript_reloads_total", "program" => self.name),
+            || metrics::counter!(edgelimit_metrics::REDIS_NOSCRIPT_RELOADS, "program" => self.name),
         )
     }
 }

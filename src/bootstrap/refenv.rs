@@ -1,0 +1,596 @@
+//! Reference environment mode: a [`ServerConfig`] from envoyproxy/ratelimit's environment
+//! variables, so a deployment written for it (image, Helm values, manifests) runs unchanged.
+//! The HMAC secret is the one addition. Variables that have no meaning here are named in one
+//! startup warning; those whose meaning cannot be honoured (a behaviour would silently
+//! change, e.g. TLS off) are errors.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::config::{BackendKind, SecretSource, SentinelConfig, ServerConfig, TlsConfig};
+
+/// The variables naming the HMAC secret, the one addition to the reference's environment.
+pub const SECRET_FILE_VAR: &str = "EDGELIMIT_HMAC_SECRET_FILE";
+pub const SECRET_VAR: &str = "EDGELIMIT_HMAC_SECRET";
+
+/// Reference variables read and honoured here.
+const HONOURED: &[&str] = &[
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_WATCH_ROOT",
+    "RUNTIME_IGNOREDOTFILES",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "HOST",
+    "PORT",
+    "BACKEND_TYPE",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_URL",
+    "REDIS_TYPE",
+    "REDIS_AUTH",
+    "REDIS_SENTINEL_AUTH",
+    "REDIS_TLS",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "REDIS_TIMEOUT",
+    "REDIS_POOL_SIZE",
+    "CACHE_KEY_PREFIX",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "SHADOW_MODE",
+    "QUOTA_MODE",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "MERGE_DOMAIN_CONFIG",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "CONFIG_TYPE",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_UDS",
+    "REDIS_PERSECOND",
+];
+
+/// Reference variables with no meaning here, and why (the startup warning says it).
+const MEANINGLESS: &[(&str, &str)] = &[
+    ("DEBUG_HOST", "no separate debug listener: the loaded config is at /rlconfig and /admin/policies on HOST:PORT"),
+    ("DEBUG_PORT", "no separate debug listener: the loaded config is at /rlconfig and /admin/policies on HOST:PORT"),
+    ("USE_PROMETHEUS", "Prometheus metrics are always served, at /metrics on HOST:PORT"),
+    ("PROMETHEUS_ADDR", "Prometheus metrics are served at /metrics on HOST:PORT"),
+    ("PROMETHEUS_PATH", "Prometheus metrics are served at /metrics"),
+    ("PROMETHEUS_MAPPER_YAML", "metric names are edgelimit's own (README, Metrics)"),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "latency is a histogram in seconds"),
+    ("USE_STATSD", "no statsd: metrics are Prometheus"),
+    ("STATSD_HOST", "no statsd"),
+    ("STATSD_PORT", "no statsd"),
+    ("USE_DOG_STATSD", "no statsd"),
+    ("USE_DOG_STATSD_MOGRIFIERS", "no statsd"),
+    ("EXTRA_TAGS", "no statsd"),
+    ("STATS_FLUSH_INTERVAL", "no statsd"),
+    ("DISABLE_STATS", "metrics cannot be turned off"),
+    ("NEAR_LIMIT_RATIO", "edgelimit_near_limit_total uses a fixed ratio of 0.8"),
+    ("EXPIRATION_JITTER_MAX_SECONDS", "keys expire exactly when their window (plus a grace) ends"),
+    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "a denied request never consumes here"),
+    ("REDIS_PIPELINE_WINDOW", "requests are pipelined on dedicated I/O connections"),
+    ("REDIS_PIPELINE_LIMIT", "requests are pipelined on dedicated I/O connections"),
+    ("REDIS_POOL_ON_EMPTY_BEHAVIOR", "admission is bounded by redis.max_in_flight"),
+    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "readiness always tracks the Redis connection"),
+    ("REDIS_STARTUP_INITIAL_INTERVAL", "the server starts without Redis and fails closed until it connects"),
+    ("REDIS_STARTUP_MAX_INTERVAL", "the server starts without Redis and fails closed until it connects"),
+    ("REDIS_STARTUP_MAX_ELAPSED_TIME", "the server starts without Redis and fails closed until it connects"),
+    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", "cluster calls are routed per slot"),
+    ("RESPONSE_DYNAMIC_METADATA", "dynamic metadata is not returned"),
+    ("GRPC_MAX_CONNECTION_AGE", "connections are bounded by limits.max_connections and keepalives"),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", "connections are bounded by limits.max_connections and keepalives"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "there is no xDS configuration source"),
+    ("TRACING_ENABLED", "no tracing exporter"),
+    ("TRACING_SERVICE_NAME", "no tracing exporter"),
+    ("TRACING_SERVICE_NAMESPACE", "no tracing exporter"),
+    ("TRACING_SERVICE_INSTANCE_ID", "no tracing exporter"),
+    ("TRACING_EXPORTER_PROTOCOL", "no tracing exporter"),
+    ("TRACING_SAMPLING_RATE", "no tracing exporter"),
+];
+
+/// A setting the operator relies on that cannot be honoured here, or a malformed value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RefEnvError {
+    #[error(
+        "reference environment mode needs one addition to the reference's variables: the HMAC \
+         secret that keys subject digests. Set {SECRET_FILE_VAR} (a file holding at least 32 \
+         bytes) or {SECRET_VAR} (the secret itself)"
+    )]
+    NoSecret,
+    #[error("{var}={value:?}: {problem}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        problem: String,
+    },
+    #[error("{var}: {problem}")]
+    Unsupported {
+        var: &'static str,
+        problem: &'static str,
+    },
+}
+
+/// The configuration, and the one warning (if any) to log at startup.
+#[derive(Debug)]
+pub struct RefEnv {
+    pub config: ServerConfig,
+    pub warning: Option<String>,
+}
+
+struct Vars(BTreeMap<String, String>);
+
+impl Vars {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    fn or<'a>(&'a self, name: &str, default: &'a str) -> &'a str {
+        self.get(name).unwrap_or(default)
+    }
+
+    fn invalid(var: &'static str, value: &str, problem: impl Into<String>) -> RefEnvError {
+        RefEnvError::Invalid {
+            var,
+            value: value.to_owned(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Go's `strconv.ParseBool`, which the reference's settings use.
+    fn flag(&self, var: &'static str, default: bool) -> Result<bool, RefEnvError> {
+        match self.get(var) {
+            None => Ok(default),
+            Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
+            Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
+            Some(other) => Err(Self::invalid(var, other, "expected true or false")),
+        }
+    }
+
+    fn port(&self, var: &'static str, default: u16) -> Result<u16, RefEnvError> {
+        match self.get(var) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| Self::invalid(var, v, "expected a port number")),
+        }
+    }
+
+    fn addr(
+        &self,
+        host_var: &'static str,
+        port_var: &'static str,
+        default_port: u16,
+    ) -> Result<SocketAddr, RefEnvError> {
+        let host = self.or(host_var, "0.0.0.0");
+        let ip: IpAddr = host.parse().map_err(|_| {
+            Self::invalid(
+                host_var,
+                host,
+                "expected an IP address (host names are not resolved)",
+            )
+        })?;
+        Ok(SocketAddr::new(ip, self.port(port_var, default_port)?))
+    }
+}
+
+/// Go's `time.ParseDuration` for the forms deployments use (`10s`, `250ms`, `1m30s`).
+fn go_duration(var: &'static str, text: &str) -> Result<Duration, RefEnvError> {
+    let err = || Vars::invalid(var, text, "expected a duration such as 10s or 250ms");
+    let mut rest = text;
+    let mut total = Duration::ZERO;
+    if rest.is_empty() {
+        return Err(err());
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
+        let (number, tail) = rest.split_at(digits);
+        let n: u64 = number.parse().map_err(|_| err())?;
+        let unit_len = tail.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
+        let (unit, tail) = tail.split_at(unit_len);
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            _ => return Err(err()),
+        };
+        total = total.saturating_add(part);
+        rest = tail;
+    }
+    Ok(total)
+}
+
+/// Builds the configuration from `vars` (the process environment in production).
+pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<RefEnv, RefEnvError> {
+    let vars = Vars(vars.into_iter().collect());
+    let mut c = ServerConfig::default();
+
+    // Files under <RUNTIME_ROOT>/<RUNTIME_SUBDIRECTORY>/<RUNTIME_APPDIRECTORY>/.
+    let mut dir = PathBuf::from(vars.or("RUNTIME_ROOT", "/srv/runtime_data/current"));
+    if let Some(sub) = vars.get("RUNTIME_SUBDIRECTORY").filter(|s| !s.is_empty()) {
+        dir.push(sub);
+    }
+    dir.push(vars.or("RUNTIME_APPDIRECTORY", "config"));
+    c.policy_dir = dir;
+    // Dotfiles are always ignored and the directory is always watched, which is what these
+    // mean when true; parse them so a typo is still reported.
+    vars.flag("RUNTIME_WATCH_ROOT", true)?;
+    vars.flag("RUNTIME_IGNOREDOTFILES", false)?;
+
+    c.listen = vars.addr("GRPC_HOST", "GRPC_PORT", 8081)?;
+    c.admin_listen = vars.addr("HOST", "PORT", 8080)?;
+    if vars.get("GRPC_UDS").is_some_and(|v| !v.is_empty()) {
+        return Err(RefEnvError::Unsupported {
+            var: "GRPC_UDS",
+            problem: "gRPC over a unix socket is not supported; use GRPC_HOST/GRPC_PORT",
+        });
+    }
+    if vars.flag("GRPC_SERVER_USE_TLS", false)? {
+        return Err(RefEnvError::Unsupported {
+            var: "GRPC_SERVER_USE_TLS",
+            problem:
+                "the gRPC listener has no TLS; terminate TLS in front of it (e.g. an Envoy sidecar)",
+        });
+    }
+    match vars.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
+        "FILE" => {}
+        _ => {
+            return Err(RefEnvError::Unsupported {
+                var: "CONFIG_TYPE",
+                problem: "only FILE is supported (no xDS configuration source)",
+            })
+        }
+    }
+
+    match vars
+        .or("BACKEND_TYPE", "redis")
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "redis" => c.backend = Some(BackendKind::Redis),
+        other => {
+            return Err(Vars::invalid(
+                "BACKEND_TYPE",
+                other,
+                "only redis is supported",
+            ))
+        }
+    }
+    if vars.flag("REDIS_PERSECOND", false)? {
+        return Err(RefEnvError::Unsupported {
+            var: "REDIS_PERSECOND",
+            problem: "one Redis deployment holds every limit; unset REDIS_PERSECOND and its REDIS_PERSECOND_* variables",
+        });
+    }
+    redis(&vars, &mut c)?;
+
+    c.log.level = match vars.or("LOG_LEVEL", "WARN").to_ascii_lowercase().as_str() {
+        // Debug detail for edgelimit itself; its HTTP/2 and Redis libraries stay at info.
+        l @ ("trace" | "debug") => format!("info,edgelimit={l}"),
+        l @ ("info" | "warn" | "error") => l.to_owned(),
+        "warning" => "warn".to_owned(),
+        "fatal" | "panic" => "error".to_owned(),
+        other => {
+            return Err(Vars::invalid(
+                "LOG_LEVEL",
+                other,
+                "expected debug, info, warn or error",
+            ))
+        }
+    };
+    c.log.json = match vars.or("LOG_FORMAT", "text").to_ascii_lowercase().as_str() {
+        "json" => true,
+        "text" => false,
+        other => return Err(Vars::invalid("LOG_FORMAT", other, "expected text or json")),
+    };
+
+    c.shadow_mode = vars.flag("SHADOW_MODE", false)?;
+    c.quota_mode = vars.flag("QUOTA_MODE", false)?;
+    c.policies.merge_domains = vars.flag("MERGE_DOMAIN_CONFIG", false)?;
+    // The reference's default (off) holds in its environment mode, whatever the backend.
+    c.readiness.require_policies =
+        Some(vars.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?);
+    // The reference's headers are its only ones: edgelimit's own stay off, `Retry-After`
+    // (which Envoy's retry back-off reads) with them.
+    c.headers.retry_after = false;
+    c.headers.reference = vars.flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
+    let names = &mut c.headers.reference_names;
+    for (var, slot) in [
+        ("LIMIT_LIMIT_HEADER", &mut names.limit),
+        ("LIMIT_REMAINING_HEADER", &mut names.remaining),
+        ("LIMIT_RESET_HEADER", &mut names.reset),
+    ] {
+        if let Some(v) = vars.get(var) {
+            *slot = v.to_owned();
+        }
+    }
+    // The reference's local cache remembers over-limit keys, as the deny cache does.
+    if let Some(v) = vars.get("LOCAL_CACHE_SIZE_IN_BYTES") {
+        let bytes: u64 = v.parse().map_err(|_| {
+            Vars::invalid("LOCAL_CACHE_SIZE_IN_BYTES", v, "expected a number of bytes")
+        })?;
+        c.deny_cache.enabled = bytes > 0;
+    } else {
+        c.deny_cache.enabled = false;
+    }
+
+    c.hmac_secret = if vars.get(SECRET_FILE_VAR).is_some() {
+        SecretSource {
+            file: vars.get(SECRET_FILE_VAR).map(PathBuf::from),
+            ..SecretSource::default()
+        }
+    } else if vars.get(SECRET_VAR).is_some() {
+        SecretSource {
+            env: Some(SECRET_VAR.to_owned()),
+            ..SecretSource::default()
+        }
+    } else {
+        return Err(RefEnvError::NoSecret);
+    };
+
+    let mut ignored: Vec<String> = Vec::new();
+    for (var, why) in MEANINGLESS {
+        if vars.get(var).is_some() {
+            ignored.push(format!("{var} ({why})"));
+        }
+    }
+    for var in vars.0.keys() {
+        let known = HONOURED.contains(&var.as_str()) || MEANINGLESS.iter().any(|(v, _)| v == var);
+        // Other REDIS_PERSECOND_*, MEMCACHE_*, CONFIG_GRPC_XDS_* and XDS_* belong to features
+        // that are refused above or absent here.
+        let family = [
+            "REDIS_PERSECOND_",
+            "MEMCACHE_",
+            "CONFIG_GRPC_XDS_",
+            "XDS_CLIENT_",
+            "GRPC_CLIENT_TLS_",
+            "GRPC_SERVER_TLS_",
+        ]
+        .iter()
+        .any(|p| var.starts_with(p));
+        if !known && family {
+            ignored.push(format!("{var} (its feature is not available here)"));
+        }
+    }
+    let warning = (!ignored.is_empty()).then(|| {
+        format!(
+            "reference environment: these variables have no effect here: {}",
+            ignored.join("; ")
+        )
+    });
+    Ok(RefEnv { config: c, warning })
+}
+
+fn redis(vars: &Vars, c: &mut ServerConfig) -> Result<(), RefEnvError> {
+    let socket = vars.or("REDIS_SOCKET_TYPE", "unix").to_ascii_lowercase();
+    if socket != "tcp" {
+        return Err(Vars::invalid(
+            "REDIS_SOCKET_TYPE",
+            &socket,
+            "only tcp is supported (the reference's default, unix, is not)",
+        ));
+    }
+    let tls = vars.flag("REDIS_TLS", false)?;
+    if vars.flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)? {
+        return Err(RefEnvError::Unsupported {
+            var: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            problem: "certificates are always verified; give the CA with REDIS_TLS_CACERT",
+        });
+    }
+    let scheme = if tls { "rediss" } else { "redis" };
+    let url = vars
+        .get("REDIS_URL")
+        .filter(|u| !u.is_empty())
+        .ok_or(RefEnvError::Unsupported {
+            var: "REDIS_URL",
+            problem: "must be set to host:port (the reference's default is a unix socket path)",
+        })?;
+    let hosts: Vec<&str> = url.split(',').map(str::trim).collect();
+    let as_url = |host: &str| {
+        if host.contains("://") {
+            host.to_owned()
+        } else {
+            format!("{scheme}://{host}")
+        }
+    };
+    match vars
+        .or("REDIS_TYPE", "SINGLE")
+        .to_ascii_uppercase()
+        .as_str()
+    {
+        "SINGLE" => {
+            let [host] = hosts.as_slice() else {
+                return Err(Vars::invalid(
+                    "REDIS_URL",
+                    url,
+                    "REDIS_TYPE=single takes one host:port",
+                ));
+            };
+            c.redis.url = Some(as_url(host));
+        }
+        "CLUSTER" => c.redis.cluster_nodes = Some(hosts.iter().map(|h| as_url(h)).collect()),
+        "SENTINEL" => {
+            let Some((master, nodes)) = hosts.split_first().filter(|(_, n)| !n.is_empty()) else {
+                return Err(Vars::invalid(
+                    "REDIS_URL",
+                    url,
+                    "REDIS_TYPE=sentinel takes master_name,host:port[,host:port...]",
+                ));
+            };
+            c.redis.sentinel = Some(SentinelConfig {
+                master_name: (*master).to_owned(),
+                nodes: nodes.iter().map(|h| as_url(h)).collect(),
+                username: None,
+                password_file: None,
+                password_env: vars
+                    .get("REDIS_SENTINEL_AUTH")
+                    .map(|_| "REDIS_SENTINEL_AUTH".to_owned()),
+                db: 0,
+            });
+        }
+        other => {
+            return Err(Vars::invalid(
+                "REDIS_TYPE",
+                other,
+                "expected single, sentinel or cluster",
+            ))
+        }
+    }
+    if let Some(auth) = vars.get("REDIS_AUTH").filter(|a| !a.is_empty()) {
+        // `user:password` names an ACL user, as in the reference.
+        match auth.split_once(':') {
+            Some((user, _)) => {
+                c.redis.username = Some(user.to_owned());
+                c.redis.password_env = Some("REDIS_AUTH".to_owned());
+                c.redis.password_after_colon = true;
+            }
+            None => c.redis.password_env = Some("REDIS_AUTH".to_owned()),
+        }
+    }
+    if tls {
+        let file = |var: &str| vars.get(var).filter(|v| !v.is_empty()).map(PathBuf::from);
+        c.redis.tls = Some(TlsConfig {
+            ca_file: file("REDIS_TLS_CACERT"),
+            cert_file: file("REDIS_TLS_CLIENT_CERT"),
+            key_file: file("REDIS_TLS_CLIENT_KEY"),
+        });
+    }
+    if let Some(t) = vars.get("REDIS_TIMEOUT") {
+        c.redis.command_timeout = go_duration("REDIS_TIMEOUT", t)?;
+    }
+    if let Some(p) = vars.get("REDIS_POOL_SIZE") {
+        let n: usize = p
+            .parse()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .ok_or_else(|| Vars::invalid("REDIS_POOL_SIZE", p, "expected 1 to 64"))?;
+        c.redis.connections = n.min(c.redis.connections.max(1));
+    }
+    c.redis.key_prefix = vars.or("CACHE_KEY_PREFIX", &c.redis.key_prefix).to_owned();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<RefEnv, RefEnvError> {
+        from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    const BASE: &[(&str, &str)] = &[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.ns:6379"),
+        ("EDGELIMIT_HMAC_SECRET_FILE", "/run/secrets/hmac"),
+    ];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        BASE.iter().chain(extra).copied().collect()
+    }
+
+    #[test]
+    fn a_typical_deployment_maps_onto_the_config() {
+        let r = env(&with(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("GRPC_PORT", "9001"),
+            ("PORT", "9002"),
+            ("LOG_LEVEL", "DEBUG"),
+            ("LOG_FORMAT", "json"),
+            ("SHADOW_MODE", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ("REDIS_TIMEOUT", "1s500ms"),
+            ("CACHE_KEY_PREFIX", "rl:"),
+        ]))
+        .unwrap();
+        let c = &r.config;
+        assert_eq!(c.policy_dir, PathBuf::from("/data/ratelimit/config"));
+        assert_eq!(c.listen, "0.0.0.0:9001".parse().unwrap());
+        assert_eq!(c.admin_listen, "0.0.0.0:9002".parse().unwrap());
+        assert_eq!(c.redis.url.as_deref(), Some("redis://redis.ns:6379"));
+        assert_eq!(c.redis.command_timeout, Duration::from_millis(1500));
+        assert_eq!(c.redis.key_prefix, "rl:");
+        assert_eq!(
+            (c.log.level.as_str(), c.log.json),
+            ("info,edgelimit=debug", true)
+        );
+        assert!(c.shadow_mode && c.headers.reference && c.readiness.require_policies == Some(true));
+        assert_eq!(c.headers.reference_names.reset, "X-Reset");
+        assert_eq!(c.headers.reference_names.limit, "RateLimit-Limit");
+        assert!(r.warning.is_none());
+    }
+
+    #[test]
+    fn topologies_and_auth() {
+        let r = env(&with(&[
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:1,b:2"),
+            ("REDIS_TLS", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            r.config.redis.cluster_nodes,
+            Some(vec!["rediss://a:1".to_string(), "rediss://b:2".to_string()])
+        );
+        let r = env(&with(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ]))
+        .unwrap();
+        let s = r.config.redis.sentinel.unwrap();
+        assert_eq!((s.master_name.as_str(), s.nodes.len()), ("mymaster", 2));
+        let r = env(&with(&[("REDIS_AUTH", "app:pw")])).unwrap();
+        assert_eq!(r.config.redis.username.as_deref(), Some("app"));
+        assert!(r.config.redis.password_after_colon);
+    }
+
+    #[test]
+    fn meaningless_variables_are_named_in_one_warning() {
+        let r = env(&with(&[
+            ("USE_STATSD", "true"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("MEMCACHE_HOST_PORT", "x"),
+        ]))
+        .unwrap();
+        let w = r.warning.unwrap();
+        for var in ["USE_STATSD", "NEAR_LIMIT_RATIO", "MEMCACHE_HOST_PORT"] {
+            assert!(w.contains(var), "{w}");
+        }
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_an_error_naming_the_variable() {
+        assert_eq!(
+            env(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "r:6379")]).unwrap_err(),
+            RefEnvError::NoSecret
+        );
+        assert!(RefEnvError::NoSecret.to_string().contains("one addition"));
+        for (var, value) in [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("REDIS_SOCKET_TYPE", "unix"),
+            ("REDIS_TYPE", "ring"),
+            ("SHADOW_MODE", "yes"),
+            ("REDIS_TIMEOUT", "10"),
+            ("BACKEND_TYPE", "memcache"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ] {
+            let mut vars = with(&[]);
+            vars.retain(|(k, _)| *k != var);
+            vars.push((var, value));
+            let e = env(&vars).unwrap_err().to_string();
+            assert!(e.contains(var), "{var}: {e}");
+        }
+    }
+}
