@@ -328,3 +328,73 @@ async fn a_hung_primary_fails_closed_until_the_sentinels_promote_the_replica() {
         "{granted_after} granted after the pause, {kept} on the new primary"
     );
 }
+
+/// TLS everywhere: the primary, the replica and the Sentinels listen on TLS ports only, and
+/// edgelimit reaches the Sentinels through `rediss://` URLs and the primary they name over
+/// TLS. It decides exactly the limit, follows a forced `SENTINEL FAILOVER` (learned over TLS),
+/// and is exact again on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sentinels_decide_exactly_and_follow_a_forced_failover() {
+    let group = tokio::task::block_in_place(SentinelGroup::start_tls);
+    assert!(group
+        .sentinel_urls()
+        .iter()
+        .all(|u| u.starts_with("rediss://")));
+    let (old_port, new_port) = (group.data[0].port, group.data[1].port);
+    assert_eq!(group.primary_port(0), Some(old_port));
+    let servers = [server(&group)];
+
+    // 1 server × 5 workers × 20 calls = 100 requests, limit 50.
+    let allowed = storm(
+        &servers,
+        "failover",
+        "exhausted",
+        &["subject".into()],
+        5,
+        20,
+    )
+    .await;
+    assert_eq!(allowed, vec![LIMIT], "{}", servers[0].log_text());
+    assert_eq!(
+        count(&group.data[0], "edgelimit:rate:*exhausted*"),
+        Some(LIMIT)
+    );
+    let acked = tokio::task::block_in_place(|| group.data[0].cli(&["WAIT", "1", "2000"]));
+    assert_eq!(
+        acked.trim(),
+        "1",
+        "replica acknowledged the writes over TLS"
+    );
+
+    tokio::task::block_in_place(|| {
+        group.force_failover();
+        wait_for("Sentinel names the new primary", RESUME_BOUND, || {
+            group.primary_port(0) == Some(new_port)
+        });
+    });
+    // Service moves to the new primary: a fresh subject is counted there, exactly.
+    let new_primary = group.node(new_port);
+    let mut client = servers[0].client().await;
+    let deadline = Instant::now() + RESUME_BOUND;
+    loop {
+        let answered = common::server::call(&mut client, req("open")).await;
+        if answered.is_ok_and(|r| r.overall_code == OK)
+            && count(new_primary, "edgelimit:rate:*open*").is_some()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never resumed on the new primary:\n{}",
+            servers[0].log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let allowed = storm(&servers, "failover", "fresh", &["subject".into()], 5, 20).await;
+    assert_eq!(allowed, vec![LIMIT]);
+    assert_eq!(count(new_primary, "edgelimit:rate:*fresh*"), Some(LIMIT));
+    // The used-up subject stayed used up: it replicated before the promotion.
+    let mut client = servers[0].client().await;
+    let answered = common::server::call(&mut client, req("exhausted")).await;
+    assert_eq!(answered.map(|r| r.overall_code).ok(), Some(OVER_LIMIT));
+}

@@ -290,26 +290,63 @@ pub struct SentinelGroup {
     /// `[0]` starts as the primary, `[1]` as its replica.
     pub data: Vec<Node>,
     pub sentinels: Vec<Node>,
+    /// Set when the group serves TLS only (`start_tls`).
+    pub certs: Option<Certs>,
     _dir: tempfile::TempDir,
 }
 
 impl SentinelGroup {
     pub fn start() -> SentinelGroup {
         let dir = tempfile::tempdir().expect("sentinel dir");
+        Self::start_in(dir, None)
+    }
+
+    /// Every node and every Sentinel serves TLS only (`port 0`), replication and the
+    /// Sentinels' own links to the data nodes included; clients need no certificate.
+    pub fn start_tls() -> SentinelGroup {
+        let dir = tempfile::tempdir().expect("sentinel dir");
+        let certs = Certs::generate(dir.path());
+        Self::start_in(dir, Some(certs))
+    }
+
+    fn start_in(dir: tempfile::TempDir, certs: Option<Certs>) -> SentinelGroup {
+        let (tls_conf, cli_args) = match &certs {
+            Some(c) => (
+                format!(
+                    "tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                     tls-auth-clients no\ntls-replication yes\n",
+                    c.server_cert.display(),
+                    c.server_key.display(),
+                    c.ca.display()
+                ),
+                vec![
+                    "--tls".into(),
+                    "--cacert".into(),
+                    c.ca.display().to_string(),
+                ],
+            ),
+            None => (String::new(), Vec::new()),
+        };
+        let listen = |port: u16| {
+            if certs.is_some() {
+                format!("port 0\ntls-port {port}\n{tls_conf}")
+            } else {
+                format!("port {port}\n")
+            }
+        };
+        let start = |name: &str, port: u16, conf: String, extra: &[&str]| {
+            Node::start_with_cli(dir.path(), name, port, &conf, extra, cli_args.clone())
+        };
         let primary_port = free_port();
-        let primary = Node::start(
-            dir.path(),
-            "primary",
-            primary_port,
-            &format!("port {primary_port}\n"),
-            &[],
-        );
+        let primary = start("primary", primary_port, listen(primary_port), &[]);
         let replica_port = free_port();
-        let replica = Node::start(
-            dir.path(),
+        let replica = start(
             "replica",
             replica_port,
-            &format!("port {replica_port}\nreplicaof 127.0.0.1 {primary_port}\n"),
+            format!(
+                "{}replicaof 127.0.0.1 {primary_port}\n",
+                listen(replica_port)
+            ),
             &[],
         );
         wait_for("replica linked to primary", START_BOUND, || {
@@ -318,16 +355,16 @@ impl SentinelGroup {
         let sentinels: Vec<Node> = (0..3)
             .map(|i| {
                 let port = free_port();
-                Node::start(
-                    dir.path(),
+                start(
                     &format!("sentinel{i}"),
                     port,
-                    &format!(
-                        "port {port}\n\
+                    format!(
+                        "{}\
                          sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} 2\n\
                          sentinel down-after-milliseconds {MASTER_NAME} 2000\n\
                          sentinel failover-timeout {MASTER_NAME} 10000\n\
-                         sentinel parallel-syncs {MASTER_NAME} 1\n"
+                         sentinel parallel-syncs {MASTER_NAME} 1\n",
+                        listen(port)
                     ),
                     &["--sentinel"],
                 )
@@ -336,6 +373,7 @@ impl SentinelGroup {
         let group = SentinelGroup {
             data: vec![primary, replica],
             sentinels,
+            certs,
             _dir: dir,
         };
         // A forced failover needs a replica the Sentinel considers good; the others must know
@@ -359,13 +397,26 @@ impl SentinelGroup {
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels
             .iter()
-            .map(|n| format!("redis://{}", n.addr()))
+            .map(|n| {
+                let scheme = if self.certs.is_some() {
+                    "rediss"
+                } else {
+                    "redis"
+                };
+                format!("{scheme}://{}", n.addr())
+            })
             .collect()
     }
 
+    /// The server's `redis:` section; with TLS, `tls.ca_file` trusts the test CA for the
+    /// Sentinels and the primary alike.
     pub fn config(&self, extra: &str) -> String {
+        let tls = match &self.certs {
+            Some(c) => format!("  tls:\n    ca_file: {}\n", c.ca.display()),
+            None => String::new(),
+        };
         format!(
-            "backend: redis\nredis:\n  sentinel:\n    master_name: {MASTER_NAME}\n    nodes: [{}]\n{extra}",
+            "backend: redis\nredis:\n  sentinel:\n    master_name: {MASTER_NAME}\n    nodes: [{}]\n{tls}{extra}",
             self.sentinel_urls().join(", ")
         )
     }
