@@ -1,6 +1,7 @@
 //! Redis persistence and memory pressure, against real redis-server processes: counters kept
 //! across a killed and restarted Redis with AOF, and a Redis at `maxmemory` with
-//! `noeviction` refusing writes (fails closed, nothing lost). Every wait is bounded.
+//! `noeviction` refusing writes (fails closed, nothing lost), and an evicting
+//! `maxmemory-policy` detected, warned about and exported as a gauge. Every wait is bounded.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::server::{
-    call, descriptor, request, wait_until, EdgelimitServer, ServerOptions, OK, OVER_LIMIT,
+    call, descriptor, metric, request, wait_until, EdgelimitServer, ServerOptions, OK, OVER_LIMIT,
 };
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -91,6 +92,45 @@ async fn noeviction_at_maxmemory_fails_closed_and_loses_nothing() {
         after.push(code(&server, "kept").await);
     }
     assert_eq!(after, [OK, OK, OK, OVER_LIMIT], "{}", server.log_text());
+}
+
+/// The evicting-policy gauge once the server has connected and read the policy.
+fn evicting_gauge(server: &EdgelimitServer) -> Option<f64> {
+    let mut value = None;
+    wait_until(BOUND, || {
+        value = metric(&server.metrics(), "edgelimit_redis_evicting_policy", &[]);
+        value.is_some()
+    });
+    value
+}
+
+const EVICTION_WARNING: &str = "Redis may evict rate-limit counters";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_maxmemory_policy_is_detected_and_warned_about() {
+    let lru =
+        RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+    let server = EdgelimitServer::start(ServerOptions::redis(&lru.url(), &[("p.yaml", POLICY)]));
+    assert_eq!(evicting_gauge(&server), Some(1.0), "{}", server.log_text());
+    let log = server.log_text();
+    let warning = log
+        .lines()
+        .find(|l| l.contains(EVICTION_WARNING))
+        .unwrap_or_else(|| panic!("no eviction warning in:\n{log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("allkeys-lru"), "{warning}");
+    // Detection does not stop the service: it decides as before.
+    assert_eq!(code(&server, "u").await, OK);
+
+    let safe =
+        RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"]);
+    let server = EdgelimitServer::start(ServerOptions::redis(&safe.url(), &[("p.yaml", POLICY)]));
+    assert_eq!(evicting_gauge(&server), Some(0.0), "{}", server.log_text());
+    assert!(
+        !server.log_text().contains(EVICTION_WARNING),
+        "{}",
+        server.log_text()
+    );
 }
 
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {

@@ -62,6 +62,8 @@ catalogue! {
         "Redis commands in flight (sampled)";
     REDIS_LIVE_CONNECTIONS = "edgelimit_redis_live_connections", Gauge, None,
         "Live Redis connections (sampled)";
+    REDIS_EVICTING_POLICY = "edgelimit_redis_evicting_policy", Gauge, None,
+        "1 if the last Redis connected to has a maxmemory-policy that may evict counters, 0 for noeviction";
     MEMORY_SUBJECTS = "edgelimit_memory_subjects", Gauge, None,
         "States the embedded backend tracks (sampled)";
     MEMORY_CAPACITY_REJECTIONS = "edgelimit_memory_capacity_rejections_total", Counter, None,

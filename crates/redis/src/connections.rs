@@ -152,6 +152,7 @@ async fn maintain(
         match connector.connect(settings.connect_timeout).await {
             Ok(link) => {
                 preload(&link, &settings.preload, settings.connect_timeout).await;
+                super::eviction::check(&link, settings.connect_timeout, link.kind()).await;
                 let live = Arc::new(Live {
                     link,
                     slot: index,

@@ -15,6 +15,7 @@ mod cluster;
 mod codec;
 mod connect;
 mod connections;
+mod eviction;
 mod io;
 mod keys;
 mod programs;

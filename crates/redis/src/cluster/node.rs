@@ -199,6 +199,12 @@ pub async fn maintain(
             settings.connect_timeout,
         )
         .await;
+        crate::eviction::check(
+            &Link::Standalone(connection.clone()),
+            settings.connect_timeout,
+            &node.addr,
+        )
+        .await;
         let live = Arc::new(Live {
             connection,
             broken: AtomicBool::new(false),
