@@ -122,6 +122,13 @@ async fn an_evicting_maxmemory_policy_is_detected_and_warned_about() {
     // Detection does not stop the service: it decides as before.
     assert_eq!(code(&server, "u").await, OK);
 
+    // Every key edgelimit writes has a TTL: a volatile-* policy can evict them too.
+    let volatile = RedisServer::start_with(&["--maxmemory-policy", "volatile-ttl"]);
+    let server =
+        EdgelimitServer::start(ServerOptions::redis(&volatile.url(), &[("p.yaml", POLICY)]));
+    assert_eq!(evicting_gauge(&server), Some(1.0), "{}", server.log_text());
+    assert!(server.log_text().contains("volatile-ttl"));
+
     let safe =
         RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"]);
     let server = EdgelimitServer::start(ServerOptions::redis(&safe.url(), &[("p.yaml", POLICY)]));

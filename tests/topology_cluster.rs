@@ -60,6 +60,13 @@ async fn three_servers_on_a_cluster_allow_exactly_the_limit_on_every_master() {
 
     let allowed = storm(&servers, "cluster", "user", &subjects, WORKERS, CALLS).await;
     assert_eq!(allowed, vec![LIMIT; SUBJECTS], "fixed window per subject");
+    // Each master connection read the policy (`INFO memory`): the default, noeviction.
+    for server in &servers {
+        assert_eq!(
+            metric(&server.metrics(), "edgelimit_redis_evicting_policy", &[]),
+            Some(0.0)
+        );
+    }
 
     // Each subject's state is one key, on the master owning its slot, holding exactly LIMIT.
     let mut masters_with_keys = 0;

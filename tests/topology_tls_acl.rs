@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::fault_load::call_with_timeout;
-use common::server::{descriptor, request, EdgelimitServer, ServerOptions, OVER_LIMIT};
+use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions, OVER_LIMIT};
 use common::topologies::{storm, TlsRedis};
 
 const LIMIT: u64 = 50;
@@ -61,6 +61,19 @@ async fn three_servers_over_tls_with_an_acl_user_allow_exactly_the_limit() {
         assert!(
             !server.log_text().contains(&redis.password),
             "the password reached the log"
+        );
+        // The ACL has no `+info`: the eviction policy is unknown, which is no error (debug
+        // only) and no gauge value.
+        assert_eq!(
+            metric(&server.metrics(), "edgelimit_redis_evicting_policy", &[]),
+            None
+        );
+        let log = server.log_text();
+        assert!(
+            log.lines()
+                .filter(|l| l.contains("edgelimit_redis::eviction"))
+                .all(|l| l.contains("DEBUG") && l.contains("policy unknown")),
+            "{log}"
         );
     }
 }
