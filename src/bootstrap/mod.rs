@@ -14,6 +14,7 @@ pub mod secret;
 mod serve;
 pub mod telemetry;
 pub mod top;
+pub mod xds;
 
 pub use config::{BackendKind, ServerConfig};
 pub use serve::{load_options, load_policies, serve, ServeHandle};

@@ -95,14 +95,22 @@ pub async fn serve(
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,
 ) -> anyhow::Result<()> {
     let metrics = telemetry::install()?;
-    let policies = load_policies(&config)?;
+    let policies = match &config.xds {
+        // Empty until the management server's first snapshot.
+        Some(_) => PolicySet::from_sources(Vec::new(), &load_options(&config))
+            .map_err(|errors| anyhow::anyhow!("policy options are invalid:\n{errors}"))?,
+        None => {
+            let policies = load_policies(&config)?;
+            tracing::info!(
+                dir = %config.policy_dir.display(),
+                revision = %crate::contract::Revision(policies.revision()),
+                domains = policies.domains().count(),
+                "policies loaded"
+            );
+            policies
+        }
+    };
     telemetry::record_loaded(&policies);
-    tracing::info!(
-        dir = %config.policy_dir.display(),
-        revision = %crate::contract::Revision(policies.revision()),
-        domains = policies.domains().count(),
-        "policies loaded"
-    );
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
         BackendKind::Memory => {
@@ -194,11 +202,16 @@ async fn run<B: RateLimitPort>(
         health_reporter.clone(),
     )));
     tasks.push(telemetry::spawn_upkeep(ops.metrics.clone()));
-    tasks.push(reload::spawn(Reloader::new(
-        config.policy_dir.clone(),
-        load_options(&config),
-        policies.clone(),
-    )));
+    match &config.xds {
+        Some(xds) => {
+            tasks.push(super::xds::start(xds, load_options(&config), policies.clone()).await)
+        }
+        None => tasks.push(reload::spawn(Reloader::new(
+            config.policy_dir.clone(),
+            load_options(&config),
+            policies.clone(),
+        ))),
+    }
 
     let listener = TcpListener::bind(config.listen)
         .await

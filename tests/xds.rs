@@ -1,0 +1,427 @@
+//! Policies from an xDS management server, as Envoy Gateway serves them: a real
+//! `RateLimitConfigDiscoveryService` written here with tonic and envoy-types on a loopback
+//! port, and the real `edgelimit` binary subscribed to it. Initial push, update (counters of
+//! unchanged limits kept), invalid push (NACK, last good set kept), management server restart
+//! (reconnect, served meanwhile), node id, and starting without initial configuration.
+
+mod common;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use common::redis_server::free_port;
+use common::server::{
+    call, descriptor, request, wait_until, EdgelimitServer, ServerOptions, OK, OVER_LIMIT,
+};
+use edgelimit::bootstrap::xds::proto::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    RATE_LIMIT_CONFIG_TYPE_URL, STREAM_RLS_CONFIGS_PATH,
+};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use futures_util::Stream;
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tonic::codegen::{http, Service};
+use tonic::server::NamedService;
+
+/// One snapshot: version and resources.
+type Snapshot = (String, Vec<RateLimitConfig>);
+
+/// What the management server saw, shared across its restarts.
+#[derive(Default)]
+struct Seen {
+    requests: Mutex<Vec<DiscoveryRequest>>,
+}
+
+impl Seen {
+    fn requests(&self) -> Vec<DiscoveryRequest> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// The ACK of `version`: a request with that version and a nonce, and no error.
+    fn acked(&self, version: &str) -> bool {
+        self.requests().iter().any(|r| {
+            r.version_info == version && !r.response_nonce.is_empty() && r.error_detail.is_none()
+        })
+    }
+
+    fn nack(&self, nonce: &str) -> Option<DiscoveryRequest> {
+        self.requests()
+            .into_iter()
+            .find(|r| r.response_nonce == nonce && r.error_detail.is_some())
+    }
+}
+
+#[derive(Clone)]
+struct Ads {
+    seen: Arc<Seen>,
+    snapshots: watch::Receiver<Snapshot>,
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = ResponseStream;
+    type DeltaAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, tonic::Status>> + Send>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<ResponseStream>, tonic::Status> {
+        let mut inbound = request.into_inner();
+        let seen = self.seen.clone();
+        let mut snapshots = self.snapshots.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut nonce = 0u32;
+            let mut subscribed = false;
+            loop {
+                let send_now = tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(r)) => {
+                            let first = r.response_nonce.is_empty();
+                            if let Ok(mut all) = seen.requests.lock() {
+                                all.push(r);
+                            }
+                            // The snapshot goes out after the subscription, then on change.
+                            let send = first && !subscribed;
+                            subscribed = true;
+                            send
+                        }
+                        _ => break,
+                    },
+                    changed = snapshots.changed(), if subscribed => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        true
+                    }
+                };
+                if send_now {
+                    nonce += 1;
+                    let (version, configs) = snapshots.borrow_and_update().clone();
+                    let response = DiscoveryResponse {
+                        version_info: version.clone(),
+                        resources: configs
+                            .iter()
+                            .map(|c| Any {
+                                type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
+                                value: c.encode_to_vec(),
+                            })
+                            .collect(),
+                        type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
+                        nonce: format!("{version}-{nonce}"),
+                        ..DiscoveryResponse::default()
+                    };
+                    if tx.send(Ok(response)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("state of the world only"))
+    }
+}
+
+/// The ADS implementation served under the reference's service name: the two services have
+/// the same message types, only the path differs.
+#[derive(Clone)]
+struct RlsConfigDs<S>(S);
+
+impl<S> NamedService for RlsConfigDs<S> {
+    const NAME: &'static str = "ratelimit.service.ratelimit.v3.RateLimitConfigDiscoveryService";
+}
+
+impl<S, B> Service<http::Request<B>> for RlsConfigDs<S>
+where
+    S: Service<http::Request<B>, Error = Infallible>,
+{
+    type Response = S::Response;
+    type Error = Infallible;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        if req.uri().path() == STREAM_RLS_CONFIGS_PATH {
+            *req.uri_mut() = http::Uri::from_static(
+                "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+            );
+        }
+        self.0.call(req)
+    }
+}
+
+/// A management server on its own runtime, so that stopping it closes every connection as a
+/// crashed process would.
+struct ManagementServer {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl ManagementServer {
+    fn start(port: u16, seen: Arc<Seen>, snapshots: watch::Receiver<Snapshot>) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("management server runtime");
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .expect("bind the management server port");
+            let _ = bound_tx.send(());
+            let service = RlsConfigDs(AggregatedDiscoveryServiceServer::new(Ads {
+                seen,
+                snapshots,
+            }));
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        bound_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("management server bound");
+        Self {
+            runtime: Some(runtime),
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for ManagementServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn limit(unit: RateLimitUnit, n: u32) -> Option<RateLimitPolicy> {
+    Some(RateLimitPolicy {
+        unit: unit as i32,
+        requests_per_unit: n,
+        ..RateLimitPolicy::default()
+    })
+}
+
+fn entry(key: &str, value: &str, rate_limit: Option<RateLimitPolicy>) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        key: key.into(),
+        value: value.into(),
+        rate_limit,
+        ..RateLimitDescriptor::default()
+    }
+}
+
+/// What Envoy Gateway pushes for one route: a generic key per route, nested per client.
+fn gateway_config(
+    route_limit: Option<RateLimitPolicy>,
+    extra: Vec<RateLimitDescriptor>,
+) -> RateLimitConfig {
+    let mut descriptors = vec![
+        entry("route", "a", route_limit),
+        entry("other", "", limit(RateLimitUnit::Minute, 5)),
+    ];
+    descriptors.extend(extra);
+    RateLimitConfig {
+        name: "default/eg/http".into(),
+        domain: "gw".into(),
+        descriptors,
+    }
+}
+
+fn xds_yaml(port: u16, force_start: bool) -> String {
+    format!(
+        "xds:\n  server_url: http://127.0.0.1:{port}\n  node_id: edgelimit-test-node\n  \
+         force_start_without_initial_config: {force_start}\n  backoff_initial: 100ms\n  backoff_max: 400ms\n"
+    )
+}
+
+/// Codes of `n` successive single-hit calls for one descriptor of domain `gw`.
+async fn codes(server: &EdgelimitServer, entries: &[(&str, &str)], n: usize) -> Vec<i32> {
+    let mut client = server.client().await;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let response = call(&mut client, request("gw", vec![descriptor(entries)]))
+            .await
+            .expect("ShouldRateLimit");
+        out.push(response.overall_code);
+    }
+    out
+}
+
+async fn current_limit(server: &EdgelimitServer, entries: &[(&str, &str)]) -> Option<u32> {
+    let mut client = server.client().await;
+    let response = call(&mut client, request("gw", vec![descriptor(entries)]))
+        .await
+        .expect("ShouldRateLimit");
+    response.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}
+
+const BOUND: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_are_served_acked_nacked_and_survive_a_management_server_restart() {
+    let port = free_port();
+    let seen = Arc::new(Seen::default());
+    let (publish, snapshots) = watch::channel::<Snapshot>((
+        "v1".into(),
+        vec![gateway_config(limit(RateLimitUnit::Minute, 2), vec![])],
+    ));
+    let mut management = ManagementServer::start(port, seen.clone(), snapshots.clone());
+    // Without force start, the listeners open only once the first snapshot is served.
+    let server = EdgelimitServer::start(ServerOptions::memory(&[]).extra(&xds_yaml(port, false)));
+    assert!(
+        wait_until(BOUND, || seen.acked("v1")),
+        "v1 ACKed:\n{}",
+        server.log_text()
+    );
+    let first = &seen.requests()[0];
+    assert_eq!(
+        first.node.as_ref().map(|n| n.id.as_str()),
+        Some("edgelimit-test-node"),
+        "the configured node id is sent"
+    );
+    assert_eq!(first.type_url, RATE_LIMIT_CONFIG_TYPE_URL);
+
+    // Initial push served.
+    assert_eq!(
+        codes(&server, &[("route", "a")], 3).await,
+        [OK, OK, OVER_LIMIT]
+    );
+    assert_eq!(codes(&server, &[("other", "x")], 1).await, [OK]);
+
+    // Update: the changed limit is served, the unchanged one keeps its count (1 of 5).
+    publish
+        .send((
+            "v2".into(),
+            vec![gateway_config(limit(RateLimitUnit::Minute, 3), vec![])],
+        ))
+        .expect("publish v2");
+    assert!(
+        wait_until(BOUND, || seen.acked("v2")),
+        "v2 ACKed:\n{}",
+        server.log_text()
+    );
+    assert_eq!(current_limit(&server, &[("route", "a")]).await, Some(3));
+    assert_eq!(
+        codes(&server, &[("other", "x")], 5).await,
+        [OK, OK, OK, OK, OVER_LIMIT],
+        "the counter of the unchanged limit survived the push"
+    );
+
+    // Invalid push: NACKed with the resource and field, last good set still served.
+    publish
+        .send((
+            "v3".into(),
+            vec![gateway_config(limit(RateLimitUnit::Unknown, 3), vec![])],
+        ))
+        .expect("publish v3");
+    assert!(
+        wait_until(BOUND, || seen.nack("v3-3").is_some()),
+        "v3 NACKed: {:?}\n{}",
+        seen.requests(),
+        server.log_text()
+    );
+    let nack = seen.nack("v3-3").expect("NACK");
+    assert_eq!(
+        nack.version_info, "v2",
+        "a NACK names the version still served"
+    );
+    let detail = nack.error_detail.expect("error_detail");
+    assert!(
+        detail.message.contains("xds:default/eg/http")
+            && detail.message.contains("descriptors[0].rate_limit.unit"),
+        "{}",
+        detail.message
+    );
+    assert_eq!(current_limit(&server, &[("route", "a")]).await, Some(3));
+    assert_eq!(codes(&server, &[("route", "a")], 1).await, [OVER_LIMIT]);
+
+    // Management server gone: the last good set is still served.
+    management.stop();
+    let before = seen.requests().len();
+    assert_eq!(codes(&server, &[("other", "x")], 1).await, [OVER_LIMIT]);
+    assert_eq!(current_limit(&server, &[("route", "a")]).await, Some(3));
+
+    // Back, with a new snapshot: edgelimit reconnects, subscribes again and serves it.
+    publish
+        .send((
+            "v4".into(),
+            vec![gateway_config(
+                limit(RateLimitUnit::Minute, 3),
+                vec![entry("new", "", limit(RateLimitUnit::Hour, 1))],
+            )],
+        ))
+        .expect("publish v4");
+    let _management = ManagementServer::start(port, seen.clone(), snapshots);
+    assert!(
+        wait_until(BOUND, || seen.acked("v4")),
+        "v4 ACKed after reconnect:\n{}",
+        server.log_text()
+    );
+    let resubscribe = &seen.requests()[before];
+    assert_eq!(
+        resubscribe.version_info, "v2",
+        "the reconnected stream starts from the version served"
+    );
+    assert_eq!(codes(&server, &[("new", "n")], 2).await, [OK, OVER_LIMIT]);
+    assert_eq!(
+        codes(&server, &[("other", "x")], 1).await,
+        [OVER_LIMIT],
+        "counters survive the reconnect"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_start_serves_before_the_first_snapshot_and_picks_it_up_later() {
+    let port = free_port();
+    let server = EdgelimitServer::start(ServerOptions::memory(&[]).extra(&xds_yaml(port, true)));
+    // Listening (start returned) and ready with no management server at all.
+    assert!(wait_until(BOUND, || server.admin_get("/readyz").0 == 200));
+    assert_eq!(current_limit(&server, &[("route", "a")]).await, None);
+
+    let seen = Arc::new(Seen::default());
+    let (_publish, snapshots) = watch::channel::<Snapshot>((
+        "v1".into(),
+        vec![gateway_config(limit(RateLimitUnit::Second, 7), vec![])],
+    ));
+    let _management = ManagementServer::start(port, seen.clone(), snapshots);
+    assert!(
+        wait_until(BOUND, || seen.acked("v1")),
+        "v1 ACKed:\n{}",
+        server.log_text()
+    );
+    assert_eq!(current_limit(&server, &[("route", "a")]).await, Some(7));
+}
