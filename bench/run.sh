@@ -18,6 +18,8 @@
 #   BENCH_CONCURRENCY=64        redis-benchmark clients and edgelimit-load workers
 #   BENCH_ALGORITHMS="fixed_window sliding_window token_bucket"
 #   BENCH_SCENARIOS="hot distinct multi"
+#   BENCH_OVER_LIMIT=yes        also one subject far over its limit (fixed window, 100/hour):
+#                               answered from the deny cache, Redis calls per request shown
 #   BENCH_CONNECTIONS=2         edgelimit's redis.connections
 #   BENCH_CONNECTION_SWEEP=""   e.g. "1 2 4 8": also measure fixed_window distinct per count
 #   BENCH_MEMORY=auto           auto | yes | no: the embedded backend runs
@@ -169,7 +171,7 @@ load() {
   local TIMEFORMAT='%U %S'
   { time "$BIN/edgelimit-load" --addr "$EDGE_ADDR" --concurrency "$CONC" \
     --duration "${SECS}s" --warmup "$WARMUP" --domain "$domain" --scenario "$scenario" \
-    --keys client,route,user --label "$label" "$@" >"$WORK/load.out"; } 2>"$WORK/load.time"
+    --keys "${LOAD_KEYS:-client,route,user}" --label "$label" "$@" >"$WORK/load.out"; } 2>"$WORK/load.time"
   edge1=$(cpu_ticks "$EDGE_PID")
   redis1=$(cpu_ticks "$REDIS_PID")
   client=$(awk -v k="$TCK" '{ printf "%d", ($1 + $2) * k }' "$WORK/load.time")
@@ -261,6 +263,20 @@ for algo in $ALGORITHMS; do
   fi
   SUMMARY+=("$(printf '%-15s redis-benchmark ceilings: -P 1 %s ops/s, -P 16 %s ops/s' "$algo" "$rb1" "$rb16")")
 done
+# One abusive subject over its limit: after its first denial the deny cache answers it
+# locally until the bound allows one more; the Redis calls per request show it.
+if [ "${BENCH_OVER_LIMIT:-yes}" = yes ]; then
+  say "-- hot subject over its limit (fixed window, 100/hour)"
+  redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
+  redis-cli -p "$REDIS_PORT" CONFIG RESETSTAT >/dev/null
+  LOAD_KEYS=abuser load "edgelimit hot over its limit" bench_fixed_window hot
+  over=$RPS
+  calls=$(redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' |
+    awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }')
+  answered=$(grep '^RESULT' "$WORK/load.out" | grep -o ' answered=[0-9]*' | cut -d= -f2)
+  SUMMARY+=("$(printf 'over-limit      hot       %9s req/s  Redis program calls %s for %s requests  p99 %s ms' \
+    "$over" "$calls" "$answered" "$P99")")
+fi
 stop_edgelimit
 
 if [ -n "$SWEEP" ]; then

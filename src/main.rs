@@ -181,10 +181,18 @@ fn explain(
     }
 }
 
-fn init_logging(config: &ServerConfig) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EDGELIMIT_LOG")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Installs the log subscriber; `EDGELIMIT_LOG`, when set, replaces `log.level` and is held to
+/// the same rules (a typo would silence every line).
+fn init_logging(config: &ServerConfig) -> Result<(), String> {
+    let level = match std::env::var("EDGELIMIT_LOG") {
+        Ok(env) => {
+            bootstrap::log_filter::validate(&env).map_err(|e| format!("EDGELIMIT_LOG: {e}"))?;
+            env
+        }
+        Err(_) => config.log.level.clone(),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&level)
+        .map_err(|e| format!("log.level: `{level}`: {e}"))?;
     // Colours only on a terminal: escape codes in container logs and files are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
         && std::env::var_os("NO_COLOR").is_none();
@@ -196,6 +204,7 @@ fn init_logging(config: &ServerConfig) {
     } else {
         builder.init();
     }
+    Ok(())
 }
 
 /// SIGTERM or SIGINT. The handlers are installed here, before the server starts, so a
@@ -287,7 +296,10 @@ fn main() -> ExitCode {
                 server_config.redis.url = redis_url;
             }
             server_config.log.json |= log_json;
-            init_logging(&server_config);
+            if let Err(e) = init_logging(&server_config) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
             if let Some(warning) = warning {
                 tracing::warn!("{warning}");
             }

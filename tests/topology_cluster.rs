@@ -9,9 +9,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fault_load::{assert_all_answered_in_time, assert_fail_closed_in, oks, recovers, Load};
-use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions};
-use common::topologies::{storm, Cluster};
+use common::fault_load::{
+    assert_all_answered_in_time, assert_fail_closed_in, oks, recovers, Load, Sample,
+};
+use common::server::{descriptor, metric, request, EdgelimitServer, ServerOptions, OK};
+use common::topologies::{storm, wait_for, Cluster, Node};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::transport::Channel;
 
 const LIMIT: u64 = 40;
 const SERVERS: usize = 3;
@@ -218,4 +223,470 @@ async fn limits_on_several_slots_never_over_admit_and_partial_commits_are_counte
         "every other unit is a counted partial commit"
     );
     assert_eq!(partial, 0, "the tight shared limit is committed first");
+}
+
+/// Envoy's default `rate_limit_service` timeout: the callers in the fault tests use it.
+const ENVOY_DEADLINE: Duration = Duration::from_millis(20);
+/// How often each subject's caller asks.
+const PACE: Duration = Duration::from_millis(10);
+
+const WIDE_POLICY: &str = r#"
+domain: cluster
+descriptors:
+  - key: user
+    rate_limit:
+      unit: day
+      requests_per_unit: 100000000
+"#;
+
+/// A server at default settings (only the cluster nodes configured).
+fn default_server(cluster: &Cluster) -> EdgelimitServer {
+    EdgelimitServer::start(
+        ServerOptions::memory(&[("cluster.yaml", WIDE_POLICY)]).extra(&cluster.config("")),
+    )
+}
+
+/// `per_node` subjects whose keys live on each master, found by sending one request per probe
+/// subject and seeing which master got its key: `subjects[node]`.
+async fn subjects_per_node(
+    cluster: &Cluster,
+    client: &mut RateLimitServiceClient<Channel>,
+    per_node: usize,
+) -> Vec<Vec<String>> {
+    let nodes: Vec<&Node> = cluster.nodes.iter().collect();
+    subjects_on(&nodes, client, per_node).await
+}
+
+/// As `subjects_per_node`, on these masters only (a replica holds its master's keys too).
+async fn subjects_on(
+    nodes: &[&Node],
+    client: &mut RateLimitServiceClient<Channel>,
+    per_node: usize,
+) -> Vec<Vec<String>> {
+    let mut found = vec![Vec::new(); nodes.len()];
+    let mut counts = vec![0; nodes.len()];
+    for i in 0..200 {
+        if found.iter().all(|f: &Vec<String>| f.len() >= per_node) {
+            return found;
+        }
+        let subject = format!("probe-{i}");
+        let req = request("cluster", vec![descriptor(&[("user", &subject)])]);
+        recovers(client, &req, CALLER_TIMEOUT, Duration::from_secs(10)).await;
+        for (n, node) in nodes.iter().enumerate() {
+            let now = node.keys("edgelimit:rate:*").len();
+            if now > counts[n] {
+                counts[n] = now;
+                if found[n].len() < per_node {
+                    found[n].push(subject.clone());
+                }
+            }
+        }
+    }
+    panic!("no {per_node} subjects on every master among 200 probes: {found:?}");
+}
+
+fn subject_request(subject: &str) -> RateLimitRequest {
+    request("cluster", vec![descriptor(&[("user", subject)])])
+}
+
+/// One load per subject, each its own caller at Envoy's deadline.
+fn load_on(client: &RateLimitServiceClient<Channel>, subjects: &[String]) -> Vec<Load> {
+    subjects
+        .iter()
+        .map(|s| Load::start(client.clone(), subject_request(s), 1, ENVOY_DEADLINE, PACE))
+        .collect()
+}
+
+async fn finish_all(loads: Vec<Load>) -> Vec<Sample> {
+    let mut all = Vec::new();
+    for load in loads {
+        all.extend(load.finish().await);
+    }
+    all.sort_by_key(|s| s.sent);
+    all
+}
+
+/// Of the requests sent in `[from, to)`: how many, and the share answered OK (a decision:
+/// every limit here is far from exhausted).
+fn decided_share(samples: &[Sample], from: Instant, to: Instant) -> (usize, f64) {
+    let inside: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.sent >= from && s.sent < to)
+        .collect();
+    let ok = inside.iter().filter(|s| s.result == Ok(OK)).count();
+    (inside.len(), ok as f64 / inside.len().max(1) as f64)
+}
+
+/// Time from `from` to the first OK sent after it, if any.
+fn recovery(samples: &[Sample], from: Instant) -> Option<Duration> {
+    samples
+        .iter()
+        .find(|s| s.sent >= from && s.result == Ok(OK))
+        .map(|s| s.done - from)
+}
+
+fn failures(metrics: &str, category: &str, cause: &str) -> u64 {
+    metric(
+        metrics,
+        "edgelimit_backend_failures_total",
+        &[("category", category), ("cause", cause)],
+    )
+    .unwrap_or(0.0) as u64
+}
+
+/// A sick master costs its own slots only. Under load at default settings, one master is
+/// paused (SIGSTOP: connects still complete in the kernel, nothing is answered), then resumed,
+/// then killed and restarted. Throughout, the subjects of the two healthy masters are decided
+/// (≥ 95%), those of the sick one never allowed; requests for a master known to be down are
+/// refused before sending (`connect_failed`, nothing consumed) rather than waiting for the
+/// command timeout. Recovery times are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_or_dead_master_costs_only_its_own_slots() {
+    let mut cluster = tokio::task::block_in_place(|| Cluster::start(3));
+    let server = default_server(&cluster);
+    let mut client = server.client().await;
+    let subjects = subjects_per_node(&cluster, &mut client, 2).await;
+    let sick: Vec<String> = subjects[0].clone();
+    let healthy: Vec<String> = subjects[1..].concat();
+    let sick_load = load_on(&client, &sick);
+    let healthy_load = load_on(&client, &healthy);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let warm = Instant::now() - Duration::from_millis(400);
+
+    // Paused.
+    let before = server.metrics();
+    cluster.nodes[0].pause();
+    let paused = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during_pause = server.metrics();
+    cluster.nodes[0].resume();
+    let resumed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // Killed, then restarted (empty: no persistence).
+    tokio::task::block_in_place(|| cluster.nodes[0].kill());
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during_kill = server.metrics();
+    tokio::task::block_in_place(|| cluster.nodes[0].restart());
+    let restarted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let end = Instant::now();
+
+    let healthy_samples = finish_all(healthy_load).await;
+    let sick_samples = finish_all(sick_load).await;
+
+    let (n, baseline) = decided_share(&healthy_samples, warm, paused);
+    eprintln!(
+        "before the fault: {n} healthy-master requests, {:.1}% decided",
+        baseline * 100.0
+    );
+    for (what, from, to) in [
+        ("paused", paused, resumed),
+        ("killed", killed, restarted),
+        ("restarted", restarted, end),
+    ] {
+        let (n, share) = decided_share(&healthy_samples, from, to);
+        eprintln!(
+            "master {what}: {n} healthy-master requests, {:.1}% decided",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "master {what}: only {:.1}% of {n} requests for the healthy masters decided",
+            share * 100.0
+        );
+    }
+    // Nothing for the sick master is allowed while it is paused or dead (SIGSTOP is
+    // asynchronous: give it a moment before dating the fault).
+    let settle = Duration::from_millis(50);
+    for (what, from, to) in [
+        ("paused", paused + settle, resumed),
+        ("killed", killed + settle, restarted),
+    ] {
+        let allowed = sick_samples
+            .iter()
+            .filter(|s| s.sent >= from && s.done < to && s.result == Ok(OK))
+            .count();
+        assert_eq!(allowed, 0, "a request for the {what} master was allowed");
+    }
+    assert!(
+        sick_samples
+            .iter()
+            .any(|s| s.sent < paused && s.result == Ok(OK)),
+        "the sick master's subjects were served before the fault"
+    );
+    let after_resume = recovery(&sick_samples, resumed).expect("served again after SIGCONT");
+    let after_restart = recovery(&sick_samples, restarted).expect("served again after restart");
+    eprintln!(
+        "sick master served again {after_resume:?} after SIGCONT, {after_restart:?} after restart"
+    );
+
+    // Known down: refused before sending, at once.
+    let refused = |m: &str| failures(m, "unavailable", "connect_failed");
+    let timeouts = |m: &str| failures(m, "indeterminate", "timeout");
+    eprintln!(
+        "paused: {} connect_failed, {} timeout; killed: {} connect_failed, {} timeout, {} connection_lost",
+        refused(&during_pause) - refused(&before),
+        timeouts(&during_pause) - timeouts(&before),
+        refused(&during_kill) - refused(&during_pause),
+        timeouts(&during_kill) - timeouts(&during_pause),
+        failures(&during_kill, "indeterminate", "connection_lost")
+            - failures(&during_pause, "indeterminate", "connection_lost"),
+    );
+    assert!(
+        refused(&during_pause) > refused(&before),
+        "requests for the paused master refused before sending once it is known down"
+    );
+    assert!(
+        refused(&during_kill) > refused(&during_pause),
+        "requests for the dead master refused before sending"
+    );
+    // Never a log line per request: one per state change, and a periodic summary.
+    // (The test servers log at debug level; operators see info and above.)
+    let log = server.log_text();
+    let redis_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("redis") && !l.contains(" DEBUG ") && !l.contains(" TRACE "))
+        .collect();
+    eprintln!("{} info/warn log lines mention redis", redis_lines.len());
+    assert!(
+        redis_lines.len() < 20,
+        "{} redis log lines for {} requests:\n{}",
+        redis_lines.len(),
+        sick_samples.len() + healthy_samples.len(),
+        redis_lines.join("\n")
+    );
+}
+
+/// A slot migrates under load: the slot's master answers `ASK` once the key has moved and
+/// `MOVED` once the slot is reassigned; both are followed (`ASKING` to the importing master),
+/// so the subject stays decided, and its count on the new master is exactly what was granted
+/// (plus at most the requests that ended undecided).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrating_under_load_is_followed() {
+    let cluster = tokio::task::block_in_place(|| Cluster::start(3));
+    let server = default_server(&cluster);
+    let mut client = server.client().await;
+    let subject = subjects_per_node(&cluster, &mut client, 1).await[0][0].clone();
+    let (from, to) = (&cluster.nodes[0], &cluster.nodes[1]);
+    // Its key: the one with a count of its own (the other probes have 1).
+    const EXTRA: u64 = 4;
+    for _ in 0..EXTRA {
+        recovers(
+            &mut client,
+            &subject_request(&subject),
+            CALLER_TIMEOUT,
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+    let key = from
+        .keys("edgelimit:rate:*")
+        .into_iter()
+        .find(|k| from.cli(&["HGET", k, "c"]).trim() == (EXTRA + 1).to_string())
+        .expect("the subject's key on its master");
+    let slot = from.cli(&["CLUSTER", "KEYSLOT", &key]).trim().to_owned();
+    let id = |n: &Node| n.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let (from_id, to_id) = (id(from), id(to));
+
+    let loads = load_on(&client, &[subject.clone(), subject.clone()]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    tokio::task::block_in_place(|| {
+        assert_eq!(
+            to.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id])
+                .trim(),
+            "OK"
+        );
+        assert_eq!(
+            from.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id])
+                .trim(),
+            "OK"
+        );
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The key moves: its old master answers ASK from now on.
+    let migrated = tokio::task::block_in_place(|| {
+        from.cli(&[
+            "MIGRATE",
+            "127.0.0.1",
+            &to.port.to_string(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            &key,
+        ])
+    });
+    assert_eq!(migrated.trim(), "OK", "MIGRATE");
+    let asked = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The slot is reassigned: MOVED from the old master.
+    tokio::task::block_in_place(|| {
+        for node in [to, from, &cluster.nodes[2]] {
+            assert_eq!(
+                node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id])
+                    .trim(),
+                "OK"
+            );
+        }
+    });
+    let moved = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let end = Instant::now();
+    let samples = finish_all(loads).await;
+
+    for (what, a, b) in [
+        ("migrating", started, asked),
+        ("ASK", asked, moved),
+        ("MOVED", moved, end),
+    ] {
+        let (n, share) = decided_share(&samples, a, b);
+        eprintln!(
+            "slot migration, {what}: {n} requests, {:.1}% decided",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "{what}: only {:.1}% of {n} decided",
+            share * 100.0
+        );
+    }
+    assert!(
+        from.keys("edgelimit:rate:*").iter().all(|k| *k != key),
+        "the key left"
+    );
+    let count: u64 = to
+        .cli(&["HGET", &key, "c"])
+        .trim()
+        .parse()
+        .expect("count on the new master");
+    let granted = oks(&samples) + EXTRA + 1;
+    let undecided = samples.iter().filter(|s| s.result != Ok(OK)).count() as u64;
+    eprintln!("count {count}, granted {granted}, undecided {undecided}");
+    assert!(
+        count >= granted && count <= granted + undecided,
+        "count {count} on the new master, {granted} granted, {undecided} undecided"
+    );
+}
+
+/// Replicas take over under load: a `CLUSTER FAILOVER` on a replica (its old master answers
+/// `MOVED` from then on: followed), then the new master is killed and the cluster promotes
+/// its replica (the old master) by itself; the slot map is read again every second while a
+/// master is not up, so its subjects are served again without a redirect. The other
+/// masters' subjects stay decided throughout; times are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_promoted_under_load_take_over_their_slots() {
+    let mut cluster = tokio::task::block_in_place(|| Cluster::start_with_replicas(3, 1));
+    let server = default_server(&cluster);
+    let mut client = server.client().await;
+    let masters: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| cluster.nodes[i].is_master())
+        .collect();
+    assert_eq!(masters.len(), 3);
+    let on: Vec<&Node> = masters.iter().map(|&i| &cluster.nodes[i]).collect();
+    let subjects = subjects_on(&on, &mut client, 2).await;
+    let (first, replica) = (
+        masters[0],
+        cluster
+            .replica_of(masters[0])
+            .expect("a replica of the first master"),
+    );
+    let moving_load = load_on(&client, &subjects[0]);
+    let healthy_load = load_on(&client, &subjects[1..].concat());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A manual failover: the replica becomes master, its master a replica.
+    let failover = Instant::now();
+    tokio::task::block_in_place(|| {
+        assert_eq!(
+            cluster.nodes[replica].cli(&["CLUSTER", "FAILOVER"]).trim(),
+            "OK"
+        );
+        wait_for("the replica is master", Duration::from_secs(10), || {
+            cluster.nodes[replica].is_master() && !cluster.nodes[first].is_master()
+        });
+    });
+    let switched = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // The new master dies: the cluster promotes the old one (cluster-node-timeout 3 s).
+    tokio::task::block_in_place(|| cluster.nodes[replica].kill());
+    let killed = Instant::now();
+    tokio::task::block_in_place(|| {
+        wait_for(
+            "the old master is promoted back",
+            Duration::from_secs(15),
+            || cluster.nodes[first].is_master(),
+        )
+    });
+    let promoted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let end = Instant::now();
+    let moving = finish_all(moving_load).await;
+    let healthy = finish_all(healthy_load).await;
+
+    let m = server.metrics();
+    for line in m
+        .lines()
+        .filter(|l| l.starts_with("edgelimit_backend_failures_total"))
+    {
+        eprintln!("{line}");
+    }
+    // When the undecided requests of the other masters fell, relative to the kill.
+    let mut buckets = std::collections::BTreeMap::new();
+    for s in healthy
+        .iter()
+        .filter(|s| s.sent >= killed && s.result != Ok(OK))
+    {
+        *buckets
+            .entry(((s.sent - killed).as_millis() / 250) * 250)
+            .or_insert(0) += 1;
+    }
+    eprintln!(
+        "other masters' undecided requests by ms after the kill: {buckets:?}; promoted at {:?}",
+        promoted - killed
+    );
+    // Between the cluster marking the dead master failed (after cluster-node-timeout, 3 s
+    // here) and the replica's election, Redis itself answers CLUSTERDOWN on every master
+    // (`cluster-require-full-coverage yes`, its default): reported, not asserted.
+    let marked = killed + Duration::from_secs(3);
+    for (what, from, to) in [
+        ("manual failover", failover, killed),
+        ("new master killed, not yet marked failed", killed, marked),
+        ("after the promotion", promoted, end),
+    ] {
+        let (n, share) = decided_share(&healthy, from, to);
+        eprintln!(
+            "{what}: {n} other-master requests, {:.1}% decided",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "{what}: only {:.1}% of {n} decided",
+            share * 100.0
+        );
+    }
+    let (n, share) = decided_share(&healthy, marked, promoted);
+    eprintln!(
+        "marked failed until the promotion (Redis answers CLUSTERDOWN): {n} other-master \
+         requests, {:.1}% decided",
+        share * 100.0
+    );
+    let (n, share) = decided_share(&moving, failover, killed);
+    eprintln!(
+        "manual failover: the moving master's subjects {:.1}% decided of {n} (switched after {:?})",
+        share * 100.0,
+        switched - failover
+    );
+    let back = recovery(&moving, promoted).expect("served after the automatic promotion");
+    eprintln!(
+        "new master killed: cluster promoted its replica after {:?}; its subjects served {:?} \
+         after that",
+        promoted - killed,
+        back
+    );
+    let after_switch = recovery(&moving, switched).expect("served after the manual failover");
+    eprintln!("manual failover: first OK {after_switch:?} after the switch");
 }

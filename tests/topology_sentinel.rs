@@ -222,3 +222,109 @@ async fn forced_failover_under_load_fails_closed_and_resumes_on_the_new_primary(
         started.elapsed()
     );
 }
+
+/// A primary that hangs (SIGSTOP: connects complete in the kernel, nothing is answered)
+/// rather than dies, at default settings with callers at Envoy's 20 ms deadline. Until the
+/// Sentinels promote the replica every request fails closed, answered in time, the used-up
+/// subject never allowed; service resumes on the new primary by itself, and stays there
+/// when the old primary wakes up (the Sentinels demote it). Times are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_fails_closed_until_the_sentinels_promote_the_replica() {
+    const ENVOY_DEADLINE: Duration = Duration::from_millis(20);
+    let group = tokio::task::block_in_place(SentinelGroup::start);
+    let new_port = group.data[1].port;
+    let server = EdgelimitServer::start(
+        ServerOptions::memory(&[("failover.yaml", POLICY)]).extra(&group.config("")),
+    );
+    let allowed = storm(
+        std::slice::from_ref(&server),
+        "failover",
+        "exhausted",
+        &["subject".into()],
+        2,
+        30,
+    )
+    .await;
+    assert_eq!(allowed, vec![LIMIT]);
+    let acked = tokio::task::block_in_place(|| group.data[0].cli(&["WAIT", "1", "2000"]));
+    assert_eq!(acked.trim(), "1", "replica acknowledged the writes");
+
+    let client = server.client().await;
+    let pace = Duration::from_millis(10);
+    let exhausted = Load::start(client.clone(), req("exhausted"), 1, ENVOY_DEADLINE, pace);
+    let open = Load::start(client.clone(), req("open"), 2, ENVOY_DEADLINE, pace);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    group.data[0].pause();
+    let paused = Instant::now();
+    tokio::task::block_in_place(|| {
+        wait_for("Sentinel names the replica", RESUME_BOUND, || {
+            group.primary_port(0) == Some(new_port)
+        })
+    });
+    let promoted = Instant::now();
+    let new_primary = group.node(new_port);
+    tokio::task::block_in_place(|| {
+        wait_for("the new primary counts requests", RESUME_BOUND, || {
+            count(new_primary, "edgelimit:rate:*open*").is_some()
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    group.data[0].resume();
+    let woke = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let exhausted = exhausted.finish().await;
+    let open = open.finish().await;
+
+    for s in &exhausted {
+        assert_eq!(
+            s.result,
+            Ok(OVER_LIMIT),
+            "the used-up subject: {:?}",
+            s.result
+        );
+    }
+    let in_time = |samples: &[Sample]| {
+        samples
+            .iter()
+            .filter(|s| s.sent >= paused && s.sent < promoted)
+            .map(|s| {
+                !matches!(
+                    s.result,
+                    Err(tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
+                )
+            })
+            .fold((0, 0), |(yes, all), ok| (yes + usize::from(ok), all + 1))
+    };
+    let (answered, all) = in_time(&open);
+    let first_ok = open
+        .iter()
+        .find(|s| s.sent >= paused + Duration::from_millis(50) && s.result == Ok(OK))
+        .map(|s| s.done - paused);
+    let after_wake = open.iter().filter(|s| s.sent >= woke).collect::<Vec<_>>();
+    let ok_after_wake = after_wake.iter().filter(|s| s.result == Ok(OK)).count();
+    eprintln!(
+        "hung primary: Sentinels promoted after {:?}; first OK after {first_ok:?}; \
+         {answered}/{all} requests before the promotion answered within the caller deadline; \
+         after SIGCONT {ok_after_wake}/{} OK",
+        promoted - paused,
+        after_wake.len()
+    );
+    assert!(first_ok.is_some(), "service resumed on the new primary");
+    assert!(
+        ok_after_wake * 100 >= after_wake.len() * 95,
+        "the woken old primary took traffic back: {ok_after_wake}/{} OK",
+        after_wake.len()
+    );
+    // Nothing uncertain was allowed: every OK after the pause is on the new primary (the
+    // paused one answered nothing, so none can have been granted there).
+    let kept = count(new_primary, "edgelimit:rate:*open*").unwrap_or(0);
+    let granted_after = open
+        .iter()
+        .filter(|s| s.sent >= paused + Duration::from_millis(50) && s.result == Ok(OK))
+        .count() as u64;
+    assert!(
+        kept >= granted_after,
+        "{granted_after} granted after the pause, {kept} on the new primary"
+    );
+}

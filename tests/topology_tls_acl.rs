@@ -99,3 +99,43 @@ async fn wrong_password_untrusted_server_or_missing_client_cert_fail_closed() {
     }
     assert!(redis.node.keys("edgelimit:*").is_empty());
 }
+
+/// A TLS-only Cluster with client certificates and the ACL user (plus `cluster|slots` and
+/// `asking`): the slot map is read and every master is connected over TLS as that user, and
+/// each subject is allowed exactly its limit on whichever master holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_with_an_acl_user_allows_exactly_the_limit_on_every_master() {
+    let cluster = tokio::task::block_in_place(|| common::topologies::TlsCluster::start(3));
+    let file = tempfile::NamedTempFile::new_in(cluster.dir.path()).expect("password file");
+    std::fs::write(file.path(), format!("{}\n", cluster.password)).expect("write password");
+    let (_, path) = file.keep().expect("keep password file");
+    let servers: Vec<EdgelimitServer> = (0..2)
+        .map(|_| {
+            EdgelimitServer::start(
+                ServerOptions::memory(&[("tls.yaml", POLICY)])
+                    .extra(&format!("{}{TIMEOUTS}", cluster.config(&path))),
+            )
+        })
+        .collect();
+    let subjects: Vec<String> = (0..6).map(|i| format!("subject-{i}")).collect();
+    // 2 servers × 2 workers × 20 calls = 80 requests per subject.
+    let allowed = storm(&servers, "tls", "user", &subjects, 2, 20).await;
+    assert_eq!(allowed, vec![LIMIT; subjects.len()]);
+    let mut with_keys = 0;
+    for node in &cluster.nodes {
+        let keys = node.keys("edgelimit:rate:*");
+        with_keys += usize::from(!keys.is_empty());
+        for key in &keys {
+            assert_eq!(node.cli(&["HGET", key, "c"]).trim(), LIMIT.to_string());
+        }
+        let clients = node.cli(&["CLIENT", "LIST"]);
+        assert!(clients.contains("user=edgelimit"), "{clients}");
+    }
+    assert!(with_keys > 1, "the subjects spread over several masters");
+    for server in &servers {
+        assert!(
+            !server.log_text().contains(&cluster.password),
+            "the password reached the log"
+        );
+    }
+}

@@ -54,8 +54,10 @@ pub struct ServerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ReadinessConfig {
     /// Not ready while the loaded policy set has no domain (the reference's
-    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
-    pub require_policies: bool,
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`). Unset: on with the Redis backend (a shared
+    /// deployment, where an empty set would allow everything behind every replica), off with
+    /// the embedded one.
+    pub require_policies: Option<bool>,
 }
 
 impl Default for ServerConfig {
@@ -595,8 +597,16 @@ impl LimitsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     pub json: bool,
-    /// `tracing` filter, e.g. `info` or `edgelimit=debug`.
+    /// `tracing` filter, e.g. `info` or `warn,edgelimit=debug`; validated at load (a typo
+    /// would otherwise silence every log line).
+    #[serde(deserialize_with = "deserialize_log_level")]
     pub level: String,
+}
+
+fn deserialize_log_level<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let level = String::deserialize(d)?;
+    super::log_filter::validate(&level).map_err(serde::de::Error::custom)?;
+    Ok(level)
 }
 
 impl Default for LogConfig {
@@ -650,6 +660,13 @@ impl ServerConfig {
             );
         }
         Ok(config)
+    }
+
+    /// `readiness.require_policies`, or its default for the backend.
+    pub fn require_policies(&self) -> bool {
+        self.readiness
+            .require_policies
+            .unwrap_or(self.backend_kind() == BackendKind::Redis)
     }
 
     pub fn backend_kind(&self) -> BackendKind {
@@ -713,6 +730,15 @@ mod tests {
         assert!(err.contains("limits.tcp_keepalive"), "{err}");
         let err = ServerConfig::parse("limits:\n  max_streams: 1\n").unwrap_err();
         assert!(err.contains("max_streams"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_log_level_is_refused_with_its_line() {
+        let err = ServerConfig::parse("listen: 127.0.0.1:1\nlog:\n  level: warning\n").unwrap_err();
+        assert!(err.contains("warning") && err.contains('3'), "{err}");
+        assert!(ServerConfig::parse("log:\n  level: \"\"\n").is_err());
+        let ok = ServerConfig::parse("log:\n  level: warn,edgelimit=debug\n").unwrap();
+        assert_eq!(ok.log.level, "warn,edgelimit=debug");
     }
 
     #[test]

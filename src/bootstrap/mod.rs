@@ -7,6 +7,7 @@ pub mod config;
 mod json;
 pub use edgelimit_policy::duration;
 mod listener;
+pub mod log_filter;
 pub mod readiness;
 pub mod refenv;
 pub mod reload;

@@ -308,7 +308,9 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
     c.shadow_mode = vars.flag("SHADOW_MODE", false)?;
     c.quota_mode = vars.flag("QUOTA_MODE", false)?;
     c.policies.merge_domains = vars.flag("MERGE_DOMAIN_CONFIG", false)?;
-    c.readiness.require_policies = vars.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?;
+    // The reference's default (off) holds in its environment mode, whatever the backend.
+    c.readiness.require_policies =
+        Some(vars.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?);
     // The reference's headers are its only ones: edgelimit's own stay off, `Retry-After`
     // (which Envoy's retry back-off reads) with them.
     c.headers.retry_after = false;
@@ -582,7 +584,7 @@ mod tests {
             (c.log.level.as_str(), c.log.json),
             ("info,edgelimit=debug", true)
         );
-        assert!(c.shadow_mode && c.headers.reference && c.readiness.require_policies);
+        assert!(c.shadow_mode && c.headers.reference && c.readiness.require_policies == Some(true));
         assert_eq!(c.headers.reference_names.reset, "X-Reset");
         assert_eq!(c.headers.reference_names.limit, "RateLimit-Limit");
         assert!(r.warning.is_none());

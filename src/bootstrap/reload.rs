@@ -93,18 +93,43 @@ impl Reloader {
 enum Trigger {
     Files,
     Hangup,
+    /// The configured path resolves to another directory (or its watch was lost).
+    Replaced,
 }
 
-/// Watches the policy directory (the directory itself, so Kubernetes' `..data` symlink swap
-/// is seen) and listens for SIGHUP; reloads after each debounced burst. Runs until aborted.
+/// How often the configured path is checked for having been replaced, should no event
+/// say so (a parent further up swapped, a watch lost): the upper bound on noticing.
+pub const IDENTITY_CHECK: Duration = Duration::from_secs(1);
+
+/// Watches the policy directory and follows the configured path: the directory itself (so
+/// Kubernetes' `..data` symlink swap is seen) and its parent (so a replaced directory, a
+/// swapped symlink as git-sync does it, a rename in place or a delete-then-recreate are
+/// seen). Whenever the path resolves to another directory the watch moves to it and the set
+/// reloads; a lost watch is logged and retried every [`IDENTITY_CHECK`]. Listens for SIGHUP
+/// too; reloads after each debounced burst. Runs until aborted.
 pub fn spawn(reloader: Reloader) -> tokio::task::JoinHandle<()> {
     let reloader = Arc::new(reloader);
     tokio::spawn(async move {
         let (tx, mut rx) = mpsc::channel::<Trigger>(64);
-        // Kept alive for as long as this task runs; dropping it stops the watch.
-        let _watcher = watch(&reloader.dir, tx.clone());
-        spawn_hangup(tx);
-        while let Some(first) = rx.recv().await {
+        let configured =
+            std::path::absolute(&reloader.dir).unwrap_or_else(|_| reloader.dir.clone());
+        let mut watch = Followed::start(&configured, tx.clone());
+        spawn_hangup(tx.clone());
+        let mut ticks = tokio::time::interval(IDENTITY_CHECK);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let first = tokio::select! {
+                received = rx.recv() => match received {
+                    Some(trigger) => trigger,
+                    None => break,
+                },
+                _ = ticks.tick() => {
+                    if !watch.moved(&configured) {
+                        continue;
+                    }
+                    Trigger::Replaced
+                }
+            };
             let mut trigger = first;
             if matches!(first, Trigger::Files) {
                 // Wait for the burst to end; a SIGHUP meanwhile is folded into this reload.
@@ -114,9 +139,16 @@ pub fn spawn(reloader: Reloader) -> tokio::task::JoinHandle<()> {
                     }
                 }
             }
+            if watch.moved(&configured) {
+                trigger = Trigger::Replaced;
+            }
+            if matches!(trigger, Trigger::Replaced) {
+                watch = Followed::start(&configured, tx.clone());
+            }
             let label = match trigger {
                 Trigger::Files => "files",
                 Trigger::Hangup => "sighup",
+                Trigger::Replaced => "replaced",
             };
             // Reading and parsing files blocks; keep it off the request threads.
             let job = reloader.clone();
@@ -128,33 +160,129 @@ pub fn spawn(reloader: Reloader) -> tokio::task::JoinHandle<()> {
     })
 }
 
-fn watch(dir: &std::path::Path, tx: mpsc::Sender<Trigger>) -> Option<notify::RecommendedWatcher> {
-    let handler = move |event: notify::Result<notify::Event>| match event {
-        Ok(event) if event.kind.is_access() => {}
-        // A full channel already holds a pending reload.
-        Ok(_) => {
-            let _ = tx.try_send(Trigger::Files);
-        }
-        Err(error) => tracing::warn!(%error, "policy directory watch error"),
-    };
-    let watcher = notify::recommended_watcher(handler).and_then(|mut w| {
-        w.watch(dir, RecursiveMode::NonRecursive)?;
-        Ok(w)
-    });
-    match watcher {
-        Ok(w) => {
-            tracing::info!(dir = %dir.display(), "watching the policy directory for changes");
-            Some(w)
-        }
-        Err(error) => {
+/// The directory a path resolves to: its canonical path and inode. A replaced directory, a
+/// swapped symlink or a recreated directory each resolve to another one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    resolved: PathBuf,
+    inode: (u64, u64),
+}
+
+fn identity(path: &std::path::Path) -> Option<Identity> {
+    use std::os::unix::fs::MetadataExt;
+    let resolved = std::fs::canonicalize(path).ok()?;
+    let meta = std::fs::metadata(&resolved).ok()?;
+    meta.is_dir().then(|| Identity {
+        resolved,
+        inode: (meta.dev(), meta.ino()),
+    })
+}
+
+/// The watch of one resolution of the configured path.
+struct Followed {
+    /// Kept alive while this resolution is followed; dropping it stops the watch.
+    _watcher: Option<notify::RecommendedWatcher>,
+    /// What the path resolved to when the watch started; `None` if it was missing or the
+    /// watch could not be set up (retried on the next check).
+    target: Option<Identity>,
+    /// The watch reported an error: set it up again.
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Followed {
+    fn start(configured: &std::path::Path, tx: mpsc::Sender<Trigger>) -> Self {
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let target = identity(configured);
+        let Some(id) = target.clone() else {
             tracing::warn!(
-                %error,
-                dir = %dir.display(),
-                "cannot watch the policy directory; reload with SIGHUP"
+                dir = %configured.display(),
+                "the policy directory is missing; still serving the previous set, checking every second"
             );
-            None
+            return Self {
+                _watcher: None,
+                target: None,
+                lost,
+            };
+        };
+        match watch(configured, &id.resolved, tx, lost.clone()) {
+            Ok(w) => {
+                tracing::info!(
+                    dir = %configured.display(),
+                    resolved = %id.resolved.display(),
+                    "watching the policy directory for changes"
+                );
+                Self {
+                    _watcher: Some(w),
+                    target,
+                    lost,
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    dir = %configured.display(),
+                    "cannot watch the policy directory; retrying every second (SIGHUP reloads)"
+                );
+                Self {
+                    _watcher: None,
+                    target: None,
+                    lost,
+                }
+            }
         }
     }
+
+    /// Whether the configured path now resolves elsewhere, or the watch must be set up again.
+    fn moved(&self, configured: &std::path::Path) -> bool {
+        if self.lost.load(std::sync::atomic::Ordering::Relaxed) {
+            return true;
+        }
+        let now = identity(configured);
+        // Missing before and still missing: nothing to follow yet (logged once, at start).
+        if now.is_none() && self.target.is_none() {
+            return false;
+        }
+        now != self.target
+    }
+}
+
+fn watch(
+    configured: &std::path::Path,
+    resolved: &std::path::Path,
+    tx: mpsc::Sender<Trigger>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    let (path, inside) = (configured.to_owned(), resolved.to_owned());
+    let handler = move |event: notify::Result<notify::Event>| match event {
+        Ok(event) if event.kind.is_access() => {}
+        // The parent's events matter only for the configured entry; a full channel already
+        // holds a pending reload.
+        Ok(event) => {
+            // An event about the directory entry itself (deleted, renamed, replaced): the
+            // watch may now be on a dead inode, and a recreated directory may even reuse its
+            // number, so the watch is set up again whatever the path resolves to.
+            if event.paths.iter().any(|p| p == &path || p == &inside) {
+                lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if event
+                .paths
+                .iter()
+                .any(|p| p == &path || p.starts_with(&inside))
+            {
+                let _ = tx.try_send(Trigger::Files);
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "policy directory watch error; setting it up again");
+            lost.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let mut watcher = notify::recommended_watcher(handler)?;
+    watcher.watch(resolved, RecursiveMode::NonRecursive)?;
+    if let Some(parent) = configured.parent() {
+        watcher.watch(parent, RecursiveMode::NonRecursive)?;
+    }
+    Ok(watcher)
 }
 
 #[cfg(unix)]

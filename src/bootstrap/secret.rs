@@ -11,15 +11,16 @@ use edgelimit_envoy::subject::{SubjectHasher, MIN_SECRET_LEN};
 pub enum SecretLoadError {
     #[error("hmac_secret: set exactly one of `file` and `env`")]
     Ambiguous,
-    #[error("hmac_secret: cannot read the secret file {path}: {source}")]
+    // `error` is not a `#[source]`: printed here once, not again by an error chain.
+    #[error("hmac_secret: cannot read the secret file {path}: {error}")]
     File {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("hmac_secret: environment variable {0} is not set")]
     Env(String),
-    #[error("hmac_secret: the secret is {len} bytes; at least {MIN_SECRET_LEN} are required")]
-    TooShort { len: usize },
+    #[error("hmac_secret: the secret in {origin} is {len} bytes; at least {MIN_SECRET_LEN} are required")]
+    TooShort { origin: String, len: usize },
     #[error("hmac_secret is required with the Redis backend (keys are shared and must be stable across replicas)")]
     Required,
     #[error("could not generate a random secret: {0}")]
@@ -32,9 +33,9 @@ pub fn load(source: &SecretSource) -> Result<Option<Zeroizing<Vec<u8>>>, SecretL
         (Some(_), Some(_)) => return Err(SecretLoadError::Ambiguous),
         (None, None) => return Ok(None),
         (Some(path), None) => {
-            Zeroizing::new(std::fs::read(path).map_err(|source| SecretLoadError::File {
+            Zeroizing::new(std::fs::read(path).map_err(|error| SecretLoadError::File {
                 path: path.clone(),
-                source,
+                error,
             })?)
         }
         (None, Some(var)) => Zeroizing::new(
@@ -48,9 +49,21 @@ pub fn load(source: &SecretSource) -> Result<Option<Zeroizing<Vec<u8>>>, SecretL
         bytes.pop();
     }
     if bytes.len() < MIN_SECRET_LEN {
-        return Err(SecretLoadError::TooShort { len: bytes.len() });
+        return Err(SecretLoadError::TooShort {
+            origin: origin(source),
+            len: bytes.len(),
+        });
     }
     Ok(Some(bytes))
+}
+
+/// Where a secret came from, for messages: the file's path or the variable's name.
+fn origin(source: &SecretSource) -> String {
+    match (&source.file, &source.env) {
+        (Some(path), _) => format!("file {}", path.display()),
+        (None, Some(var)) => format!("environment variable {var}"),
+        (None, None) => "the generated secret".into(),
+    }
 }
 
 /// The hasher for this process: the configured secret, or — only where keys never leave the
@@ -69,7 +82,10 @@ pub fn hasher(
         }
     };
     let len = secret.len();
-    let hasher = SubjectHasher::new(secret).map_err(|_| SecretLoadError::TooShort { len })?;
+    let hasher = SubjectHasher::new(secret).map_err(|_| SecretLoadError::TooShort {
+        origin: origin(source),
+        len,
+    })?;
     Ok((hasher, generated))
 }
 
@@ -84,7 +100,10 @@ pub fn previous_hasher(source: &SecretSource) -> Result<Option<SubjectHasher>, S
     let len = secret.len();
     SubjectHasher::new(secret)
         .map(Some)
-        .map_err(|_| SecretLoadError::TooShort { len })
+        .map_err(|_| SecretLoadError::TooShort {
+            origin: origin(&previous),
+            len,
+        })
 }
 
 #[cfg(test)]
@@ -104,6 +123,10 @@ mod tests {
         std::fs::write(&path, "short-secret-value\n").unwrap();
         let err = load(&src).unwrap_err().to_string();
         assert!(err.contains("18 bytes"), "{err}");
+        assert!(
+            err.contains(&path.display().to_string()),
+            "names the file: {err}"
+        );
         assert!(!err.contains("short-secret-value"), "never echo the secret");
     }
 
@@ -127,5 +150,17 @@ mod tests {
             ..SecretSource::default()
         };
         assert!(matches!(load(&missing), Err(SecretLoadError::Env(_))));
+    }
+
+    #[test]
+    fn a_missing_file_prints_its_os_error_once() {
+        let src = SecretSource {
+            file: Some("/nonexistent/edgelimit-secret".into()),
+            ..SecretSource::default()
+        };
+        let err = anyhow::Error::from(load(&src).unwrap_err());
+        let text = format!("{err:#}");
+        assert!(text.contains("/nonexistent/edgelimit-secret"), "{text}");
+        assert_eq!(text.matches("No such file").count(), 1, "{text}");
     }
 }

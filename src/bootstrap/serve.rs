@@ -6,7 +6,6 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use edgelimit_deny_cache::{DenyCache, DenyCacheSettings};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 
 use tokio::task::JoinHandle;
@@ -180,7 +179,7 @@ async fn run<B: RateLimitPort>(
     let mut tasks = ops.tasks;
     let readiness = Readiness::new();
     readiness.set_policies_loaded();
-    if config.readiness.require_policies {
+    if config.require_policies() {
         readiness.require_policies(policies.clone());
     }
     let mut limiter = RateLimiter::new(
@@ -258,7 +257,7 @@ async fn run<B: RateLimitPort>(
         .build_v1()
         .context("building the gRPC reflection service")?;
     let limits = &config.limits;
-    let rls = RateLimitServiceServer::from_arc(limiter)
+    let rls = edgelimit_envoy::RateLimitServer::from_arc(limiter)
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_response_bytes);
     let incoming = GuardedIncoming::new(listener, connection_limits(limits));

@@ -75,6 +75,15 @@ pub fn record_loaded(set: &PolicySet) {
     metrics::gauge!(edgelimit_metrics::CONFIG_REVISION)
         .set(revision_gauge_value(set.revision()) as f64);
     metrics::gauge!(edgelimit_metrics::CONFIG_RULES).set(set.len() as f64);
+    let domains = set.domains().count();
+    metrics::gauge!(edgelimit_metrics::CONFIG_DOMAINS).set(domains as f64);
+    if domains == 0 {
+        // Every request is then answered OK: say it loudly, once per load.
+        tracing::warn!(
+            "the policy set has no domains (no policy files, or the wrong policy_dir): every \
+             request is answered OK with no limit; readiness.require_policies makes /readyz fail meanwhile"
+        );
+    }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod backends;
+pub mod bytes_client;
 pub mod fault_load;
 pub mod raw_h2;
 pub mod redis_server;

@@ -38,6 +38,8 @@ pub struct ServerOptions {
     pub previous_secret: Option<String>,
     /// Settings under `redis:` (`command_timeout`, ...); replace the defaults of the same name.
     pub redis_settings: Vec<(String, String)>,
+    /// Configure `policy_dir` as a symlink (`current` -> `policies`), as git-sync lays it out.
+    pub linked: bool,
 }
 
 impl ServerOptions {
@@ -56,6 +58,7 @@ impl ServerOptions {
                 ("command_timeout".into(), "2s".into()),
                 ("connect_timeout".into(), "500ms".into()),
             ],
+            linked: false,
         }
     }
 
@@ -87,6 +90,11 @@ impl ServerOptions {
         }
     }
 
+    pub fn linked(mut self) -> Self {
+        self.linked = true;
+        self
+    }
+
     pub fn configmap(mut self) -> Self {
         self.configmap = true;
         self
@@ -111,6 +119,13 @@ impl EdgelimitServer {
                 std::fs::write(policy_dir.join(name), text).expect("write policy");
             }
         }
+        let policy_dir = if options.linked {
+            let link = dir.path().join("current");
+            std::os::unix::fs::symlink("policies", &link).expect("policy dir symlink");
+            link
+        } else {
+            policy_dir
+        };
         let secret = dir.path().join("secret");
         std::fs::write(&secret, &options.secret).expect("write secret");
         let grpc_port = free_port();

@@ -36,6 +36,9 @@ pub struct Node {
     /// Extra `redis-cli` arguments needed to talk to it (TLS, user).
     cli_args: Vec<String>,
     pub log: PathBuf,
+    /// How it was started, for `restart`.
+    conf_path: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Node {
@@ -62,24 +65,34 @@ impl Node {
             log.display()
         );
         std::fs::write(&conf_path, conf).expect("write redis.conf");
+        let mut node = Node {
+            port,
+            child: None,
+            cli_args,
+            log,
+            conf_path,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        node.spawn(name);
+        node
+    }
+
+    /// Starts the process from its configuration and waits until it answers `PING`.
+    fn spawn(&mut self, name: &str) {
         let child = Command::new(binary("redis-server"))
-            .arg(&conf_path)
-            .args(extra)
+            .arg(&self.conf_path)
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server (is it installed?)");
-        let mut node = Node {
-            port,
-            child: Some(child),
-            cli_args,
-            log,
-        };
+        self.child = Some(child);
+        let node = self;
         let deadline = Instant::now() + START_BOUND;
         loop {
             if node.cli(&["PING"]).trim() == "PONG" {
-                return node;
+                return;
             }
             if let Some(Ok(Some(status))) = node.child.as_mut().map(|c| c.try_wait()) {
                 panic!(
@@ -126,6 +139,11 @@ impl Node {
             .collect()
     }
 
+    /// Whether `ROLE` says master.
+    pub fn is_master(&self) -> bool {
+        self.cli(&["ROLE"]).lines().next() == Some("master")
+    }
+
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
         let prefix = format!("{field}:");
         self.cli(&["INFO", section])
@@ -137,6 +155,32 @@ impl Node {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Starts the killed process again with the same configuration and directory (a Cluster
+    /// node keeps its `nodes.conf`, so it rejoins as itself).
+    pub fn restart(&mut self) {
+        self.kill();
+        let name = format!("node on port {}", self.port);
+        self.spawn(&name);
+    }
+
+    /// SIGSTOP / SIGCONT: the process keeps its sockets (connects still complete in the
+    /// kernel) but answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status();
         }
     }
 }
@@ -156,8 +200,15 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(masters: usize) -> Cluster {
+        Self::start_with_replicas(masters, 0)
+    }
+
+    /// `masters` masters with `replicas` replicas each (`nodes` holds all of them; which is
+    /// which is `is_master`).
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> Cluster {
+        let total = masters * (1 + replicas);
         let dir = tempfile::tempdir().expect("cluster dir");
-        let nodes: Vec<Node> = (0..masters)
+        let nodes: Vec<Node> = (0..total)
             .map(|i| {
                 let port = free_port();
                 // The bus port is chosen explicitly: port + 10000 may be taken or out of range.
@@ -177,7 +228,7 @@ impl Cluster {
         let out = Command::new(binary("redis-cli"))
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("redis-cli --cluster create");
@@ -192,11 +243,28 @@ impl Cluster {
             cluster.nodes.iter().all(|n| {
                 let info = n.cli(&["CLUSTER", "INFO"]);
                 info.contains("cluster_state:ok")
-                    && info.contains(&format!("cluster_known_nodes:{masters}"))
+                    && info.contains(&format!("cluster_known_nodes:{total}"))
                     && info.contains("cluster_slots_assigned:16384")
             })
         });
+        if replicas > 0 {
+            wait_for("every replica in sync", START_BOUND, || {
+                cluster
+                    .nodes
+                    .iter()
+                    .filter(|n| !n.is_master())
+                    .all(|n| n.info_field("replication", "master_link_status") == Some("up".into()))
+            });
+        }
         cluster
+    }
+
+    /// The index of the node replicating `master`'s node, if any.
+    pub fn replica_of(&self, master: usize) -> Option<usize> {
+        let port = self.nodes[master].port.to_string();
+        self.nodes.iter().position(|n| {
+            !n.is_master() && n.info_field("replication", "master_port") == Some(port.clone())
+        })
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -543,4 +611,106 @@ pub async fn storm(
         per_subject[(i % per_server) / workers] += task.await.expect("storm worker");
     }
     per_subject
+}
+
+/// A TLS-only 3-master Cluster (`tls-cluster yes`: the bus and `CLUSTER SLOTS` use the TLS
+/// ports) requiring client certificates, with the `edgelimit` ACL user plus the Cluster
+/// commands it needs.
+pub struct TlsCluster {
+    pub nodes: Vec<Node>,
+    pub certs: Certs,
+    pub password: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl TlsCluster {
+    pub fn start(masters: usize) -> TlsCluster {
+        let dir = tempfile::tempdir().expect("tls cluster dir");
+        let certs = Certs::generate(dir.path());
+        let password = "acl-p4ss-0123456789".to_owned();
+        let admin = "admin-p4ss-0123456789";
+        let cli_args: Vec<String> = vec![
+            "--tls".into(),
+            "--cacert".into(),
+            certs.ca.display().to_string(),
+            "--cert".into(),
+            certs.client_cert.display().to_string(),
+            "--key".into(),
+            certs.client_key.display().to_string(),
+            "--user".into(),
+            "admin".into(),
+            "--pass".into(),
+            admin.into(),
+            "--no-auth-warning".into(),
+        ];
+        let nodes: Vec<Node> = (0..masters)
+            .map(|i| {
+                let port = free_port();
+                let bus = free_port();
+                let conf = format!(
+                    "port 0\ntls-port {port}\ntls-cluster yes\ntls-replication yes\n\
+                     tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+                     tls-client-cert-file {client_cert}\ntls-client-key-file {client_key}\n\
+                     tls-auth-clients yes\ncluster-enabled yes\ncluster-port {bus}\n\
+                     cluster-config-file nodes.conf\ncluster-node-timeout 3000\n\
+                     user default off\nuser {ACL_USER} on >{password} {ACL_RULES} +cluster|slots +asking\n\
+                     user admin on >{admin} ~* &* +@all\n",
+                    cert = certs.server_cert.display(),
+                    key = certs.server_key.display(),
+                    ca = certs.ca.display(),
+                    client_cert = certs.client_cert.display(),
+                    client_key = certs.client_key.display(),
+                );
+                Node::start_with_cli(dir.path(), &format!("node{i}"), port, &conf, &[], cli_args.clone())
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
+        let out = Command::new(binary("redis-cli"))
+            .args(&cli_args)
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "tls cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = TlsCluster {
+            nodes,
+            certs,
+            password,
+            dir,
+        };
+        wait_for("cluster_state:ok on every node", START_BOUND, || {
+            cluster.nodes.iter().all(|n| {
+                let info = n.cli(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{masters}"))
+                    && info.contains("cluster_slots_assigned:16384")
+            })
+        });
+        cluster
+    }
+
+    /// The server's `redis:` section: the nodes over TLS, the test CA and client certificate,
+    /// the ACL user with the password read from `password_file`.
+    pub fn config(&self, password_file: &Path) -> String {
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("rediss://{}", n.addr()))
+            .collect();
+        format!(
+            "backend: redis\nredis:\n  cluster_nodes: [{}]\n  username: {ACL_USER}\n  password_file: {}\n  tls:\n    ca_file: {}\n    cert_file: {}\n    key_file: {}\n",
+            urls.join(", "),
+            password_file.display(),
+            self.certs.ca.display(),
+            self.certs.client_cert.display(),
+            self.certs.client_key.display()
+        )
+    }
 }

@@ -11,6 +11,7 @@ mod deny_cache;
 mod harness;
 mod hostile_clients;
 mod memory_backend;
+mod opaque_bytes;
 mod scenarios;
 mod secret_rotation;
 mod walking_skeleton;

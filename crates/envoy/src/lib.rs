@@ -13,9 +13,11 @@ mod service;
 mod settings;
 pub mod subject;
 mod translate;
+pub mod wire;
 
 pub use deadline::parse_grpc_timeout;
 pub use headers::{HeaderFacts, HeaderSettings, ReferenceHeaderNames};
 pub use limiter::RateLimiter;
+pub use service::RateLimitServer;
 pub use settings::{FailureMode, ServiceSettings};
 pub use translate::{RequestBounds, RequestError};

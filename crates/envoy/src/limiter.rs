@@ -18,6 +18,7 @@ use crate::response::{self, Evaluated, Restriction};
 use crate::settings::ServiceSettings;
 use crate::subject::SubjectHasher;
 use crate::translate::{self, Hashers, Modes};
+use crate::wire;
 
 pub struct RateLimiter<B> {
     policies: Arc<ArcSwap<PolicySet>>,
@@ -56,11 +57,22 @@ impl<B: RateLimitPort> RateLimiter<B> {
         &self.settings
     }
 
-    /// Decides `request` for a caller whose deadline is `deadline`. The backend must be done
-    /// `deadline_margin` before it, so the answer still arrives in time.
+    /// Decides `request` for a caller whose deadline is `deadline` (see [`Self::decide_wire`]).
     pub async fn decide(
         &self,
         request: &RateLimitRequest,
+        deadline: Instant,
+    ) -> Result<RateLimitResponse, Status> {
+        self.decide_wire(&wire::Request::from(request), deadline)
+            .await
+    }
+
+    /// Decides `request` (as read off the wire: values are bytes) for a caller whose deadline
+    /// is `deadline`. The backend must be done `deadline_margin` before it, so the answer
+    /// still arrives in time.
+    pub async fn decide_wire(
+        &self,
+        request: &wire::Request,
         deadline: Instant,
     ) -> Result<RateLimitResponse, Status> {
         translate::validate(request, &self.settings.bounds)

@@ -30,6 +30,11 @@ pub(crate) fn record_backend_failures(outcomes: &[RateLimitOutcome]) {
     }
 }
 
+/// A request body that is not a `RateLimitRequest` (answered under the failure mode).
+pub(crate) fn record_malformed_request() {
+    metrics::counter!(edgelimit_metrics::MALFORMED_REQUESTS).increment(1);
+}
+
 /// Time from a request's arrival to its answer.
 pub(crate) fn record_request_seconds(seconds: f64) {
     metrics::histogram!(edgelimit_metrics::GRPC_REQUEST_SECONDS).record(seconds);

@@ -1,41 +1,226 @@
-//! The tonic service: the caller's deadline from `grpc-timeout`, the latency histogram, and
-//! the limiter's answer.
+//! The gRPC endpoint `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: the
+//! caller's deadline from `grpc-timeout`, the latency histogram, and the limiter's answer.
+//!
+//! Written out rather than generated so that the request is read as [`wire::Request`]
+//! (strings as bytes) and a body that is not a request at all still gets an answer under the
+//! failure mode instead of a gRPC error, which Envoy's default `failure_mode_deny: false`
+//! would turn into an allow.
 
+use std::convert::Infallible;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
 use edgelimit_contract::RateLimitPort;
 
 use crate::deadline::parse_grpc_timeout;
 use crate::limiter::RateLimiter;
-use crate::metrics::record_request_seconds;
+use crate::metrics::{record_malformed_request, record_request_seconds};
+use crate::settings::FailureMode;
+use crate::wire;
 
-impl<B: RateLimitPort> RateLimiter<B> {
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The tonic service of a [`RateLimiter`].
+pub struct RateLimitServer<B> {
+    limiter: Arc<RateLimiter<B>>,
+    max_decoding_message_size: Option<usize>,
+    max_encoding_message_size: Option<usize>,
+}
+
+impl<B> Clone for RateLimitServer<B> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: Arc::clone(&self.limiter),
+            max_decoding_message_size: self.max_decoding_message_size,
+            max_encoding_message_size: self.max_encoding_message_size,
+        }
     }
 }
 
-#[tonic::async_trait]
-impl<B: RateLimitPort> RateLimitService for RateLimiter<B> {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        let started = Instant::now();
-        let timeout = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_grpc_timeout)
-            .unwrap_or(self.settings().default_timeout);
-        let result = self.decide(request.get_ref(), started + timeout).await;
-        record_request_seconds(started.elapsed().as_secs_f64());
-        result.map(Response::new)
+impl<B: RateLimitPort> RateLimiter<B> {
+    pub fn into_server(self) -> RateLimitServer<B> {
+        RateLimitServer::from_arc(Arc::new(self))
+    }
+}
+
+impl<B> RateLimitServer<B> {
+    /// The service of a limiter that is shared (with the admin `/json` endpoint).
+    pub fn from_arc(limiter: Arc<RateLimiter<B>>) -> Self {
+        Self {
+            limiter,
+            max_decoding_message_size: None,
+            max_encoding_message_size: None,
+        }
+    }
+
+    #[must_use]
+    pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+        self.max_decoding_message_size = Some(limit);
+        self
+    }
+
+    #[must_use]
+    pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+        self.max_encoding_message_size = Some(limit);
+        self
+    }
+}
+
+impl<B> NamedService for RateLimitServer<B> {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl<B, Req> Service<http::Request<Req>> for RateLimitServer<B>
+where
+    B: RateLimitPort,
+    Req: Body + Send + 'static,
+    Req::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Req>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
+        }
+        let method = ShouldRateLimit(Arc::clone(&self.limiter));
+        let (decoding, encoding) = (
+            self.max_decoding_message_size,
+            self.max_encoding_message_size,
+        );
+        Box::pin(async move {
+            let mut grpc =
+                Grpc::new(RequestCodec).apply_max_message_size_config(decoding, encoding);
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+struct ShouldRateLimit<B>(Arc<RateLimiter<B>>);
+
+impl<B: RateLimitPort> UnaryService<Decoded> for ShouldRateLimit<B> {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<Decoded>) -> Self::Future {
+        let limiter = Arc::clone(&self.0);
+        Box::pin(async move {
+            let started = Instant::now();
+            let timeout = request
+                .metadata()
+                .get("grpc-timeout")
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_grpc_timeout)
+                .unwrap_or(limiter.settings().default_timeout);
+            let result = match request.get_ref() {
+                Decoded::Request(r) => limiter.decide_wire(r, started + timeout).await,
+                Decoded::Malformed(error) => {
+                    record_malformed_request();
+                    tracing::debug!(%error, "request body is not a RateLimitRequest");
+                    malformed_answer(limiter.settings().failure_mode)
+                }
+            };
+            record_request_seconds(started.elapsed().as_secs_f64());
+            result.map(Response::new)
+        })
+    }
+}
+
+/// A body that is not a `RateLimitRequest` cannot be decided: it gets the failure mode's
+/// answer, like any request whose limits could not be decided.
+fn malformed_answer(mode: FailureMode) -> Result<RateLimitResponse, Status> {
+    match mode {
+        FailureMode::OverLimit => Ok(RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            ..Default::default()
+        }),
+        FailureMode::GrpcUnavailable => Err(Status::unavailable(
+            "the request body is not a RateLimitRequest",
+        )),
+    }
+}
+
+/// What the decoder read: a request, or why the body is not one (never a decoding error,
+/// which tonic would answer with a gRPC status).
+enum Decoded {
+    Request(wire::Request),
+    Malformed(prost::DecodeError),
+}
+
+#[derive(Default)]
+struct RequestCodec;
+
+impl Codec for RequestCodec {
+    type Encode = RateLimitResponse;
+    type Decode = Decoded;
+    type Encoder = ResponseEncoder;
+    type Decoder = RequestDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ResponseEncoder(PhantomData)
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RequestDecoder
+    }
+}
+
+struct ResponseEncoder(PhantomData<RateLimitResponse>);
+
+impl Encoder for ResponseEncoder {
+    type Item = RateLimitResponse;
+    type Error = Status;
+
+    fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Status::internal(format!("encoding the response: {e}")))
+    }
+}
+
+struct RequestDecoder;
+
+impl Decoder for RequestDecoder {
+    type Item = Decoded;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Decoded>, Status> {
+        use prost::bytes::Buf;
+        Ok(Some(match wire::Request::decode(&mut *src) {
+            Ok(request) => Decoded::Request(request),
+            Err(error) => {
+                // What prost left unread would be taken for the next message's header.
+                let rest = src.remaining();
+                src.advance(rest);
+                Decoded::Malformed(error)
+            }
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_body_fails_closed_under_each_mode() {
+        let answer = malformed_answer(FailureMode::OverLimit).unwrap();
+        assert_eq!(answer.overall_code, Code::OverLimit as i32);
+        let status = malformed_answer(FailureMode::GrpcUnavailable).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
     }
 }

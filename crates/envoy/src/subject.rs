@@ -46,18 +46,19 @@ impl SubjectHasher {
     }
 
     /// Digest of `domain` and the `(key, value)` entries, in request order. Each part is
-    /// length-prefixed so that no two different entry lists share an encoding.
-    pub fn digest<'a>(
+    /// length-prefixed so that no two different entry lists share an encoding. Parts are bytes
+    /// (any value Envoy sends, UTF-8 or not); a UTF-8 text hashes as its bytes.
+    pub fn digest<K: AsRef<[u8]>, V: AsRef<[u8]>>(
         &self,
-        domain: &str,
-        entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+        domain: &[u8],
+        entries: impl ExactSizeIterator<Item = (K, V)>,
     ) -> SubjectDigest {
         let mut mac = self.mac.clone();
-        update_prefixed(&mut mac, domain.as_bytes());
+        update_prefixed(&mut mac, domain);
         mac.update(&(entries.len() as u64).to_be_bytes());
         for (key, value) in entries {
-            update_prefixed(&mut mac, key.as_bytes());
-            update_prefixed(&mut mac, value.as_bytes());
+            update_prefixed(&mut mac, key.as_ref());
+            update_prefixed(&mut mac, value.as_ref());
         }
         SubjectDigest::from_bytes(mac.finalize().into_bytes().into())
     }
@@ -86,20 +87,31 @@ mod tests {
     #[test]
     fn encoding_is_unambiguous() {
         let h = hasher(9);
-        let a = h.digest("d", [("ab", "c")].into_iter());
-        let b = h.digest("d", [("a", "bc")].into_iter());
-        let c = h.digest("d", [("a", "b"), ("c", "")].into_iter());
-        let d = h.digest("da", [("b", "c")].into_iter());
+        let a = h.digest(b"d", [("ab", "c")].into_iter());
+        let b = h.digest(b"d", [("a", "bc")].into_iter());
+        let c = h.digest(b"d", [("a", "b"), ("c", "")].into_iter());
+        let d = h.digest(b"da", [("b", "c")].into_iter());
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
-        assert_eq!(a, h.digest("d", [("ab", "c")].into_iter()));
+        assert_eq!(a, h.digest(b"d", [("ab", "c")].into_iter()));
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_have_their_own_digest() {
+        let h = hasher(3);
+        let text = h.digest(b"d", [("k", "v")].into_iter());
+        assert_eq!(text, h.digest(b"d", [(&b"k"[..], &b"v"[..])].into_iter()));
+        let a = h.digest(b"d", [(&b"k"[..], &b"\xff"[..])].into_iter());
+        let b = h.digest(b"d", [(&b"k"[..], &b"\xfe"[..])].into_iter());
+        let c = h.digest(b"\xff", [(&b"k"[..], &b"\xff"[..])].into_iter());
+        assert!(a != b && a != c && a != text);
     }
 
     #[test]
     fn secret_changes_the_digest_and_is_not_printed() {
-        let one = hasher(1).digest("d", [("ip", "10.0.0.1")].into_iter());
-        let two = hasher(2).digest("d", [("ip", "10.0.0.1")].into_iter());
+        let one = hasher(1).digest(b"d", [("ip", "10.0.0.1")].into_iter());
+        let two = hasher(2).digest(b"d", [("ip", "10.0.0.1")].into_iter());
         assert_ne!(one, two);
         assert_eq!(format!("{:?}", hasher(1)), "SubjectHasher(<secret>)");
     }

@@ -4,14 +4,13 @@
 
 use std::borrow::Cow;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use thiserror::Error;
 
 use edgelimit_contract::{ContractError, Cost, Enforcement, LimitCheck, SubjectDigest};
 use edgelimit_policy::{Limit, PolicySet, Rule, Unit};
 
 use crate::subject::SubjectHasher;
+use crate::wire::{Descriptor as RateLimitDescriptor, Request as RateLimitRequest};
 
 /// Limits on what one request may carry. Beyond them the call is `INVALID_ARGUMENT`.
 #[derive(Debug, Clone)]
@@ -282,7 +281,7 @@ pub(crate) fn plan<'p>(
 /// their wildcard pattern instead of the value, so all matching values share a counter.
 fn digests(
     hashers: &Hashers<'_>,
-    domain: &str,
+    domain: &[u8],
     descriptor: &RateLimitDescriptor,
     rule: Option<&Rule>,
 ) -> (SubjectDigest, Option<SubjectDigest>) {
@@ -290,9 +289,9 @@ fn digests(
         descriptor.entries.iter().enumerate().map(move |(i, e)| {
             let value = match rule {
                 Some(rule) => rule.subject_value(i, &e.value),
-                None => e.value.as_str(),
+                None => e.value.as_slice(),
             };
-            (e.key.as_str(), value)
+            (e.key.as_slice(), value)
         })
     };
     (
@@ -325,18 +324,22 @@ fn applicable_limits<'p>(
     // a quota descriptor, matched or not.
     let mut quota = vec![modes.global_quota; count];
     let mut rules: Vec<Option<&'p Rule>> = vec![None; count];
-    if !policies.has_domain(&request.domain) {
+    // Policy domains are UTF-8: a domain that is not is like any other unknown domain.
+    let Some(domain) = std::str::from_utf8(&request.domain)
+        .ok()
+        .filter(|d| policies.has_domain(d))
+    else {
         return Ok(Matched {
             applied,
             unlimited,
             quota,
             rules,
         });
-    }
+    };
     let mut replaced: Vec<&str> = Vec::new();
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let cost = || descriptor_cost_checked(index, request.hits_addend, descriptor);
-        if let Some(limit) = override_limit(policies, &request.domain, index, descriptor)? {
+        if let Some(limit) = override_limit(policies, domain, index, descriptor)? {
             applied.push(Applied {
                 descriptor: index,
                 limit: Cow::Owned(limit),
@@ -352,8 +355,8 @@ fn applicable_limits<'p>(
         let entries = descriptor
             .entries
             .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()));
-        let Some(rule) = policies.find(&request.domain, entries) else {
+            .map(|e| (e.key.as_slice(), e.value.as_slice()));
+        let Some(rule) = policies.find(domain, entries) else {
             continue;
         };
         rules[index] = Some(rule);
@@ -468,7 +471,7 @@ fn override_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use crate::wire::Entry;
     use envoy_types::pb::google::protobuf::UInt64Value;
 
     fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -476,8 +479,8 @@ mod tests {
             entries: entries
                 .iter()
                 .map(|(k, v)| Entry {
-                    key: k.to_string(),
-                    value: v.to_string(),
+                    key: k.as_bytes().to_vec(),
+                    value: v.as_bytes().to_vec(),
                 })
                 .collect(),
             ..Default::default()
@@ -486,7 +489,7 @@ mod tests {
 
     fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
         RateLimitRequest {
-            domain: domain.into(),
+            domain: domain.as_bytes().to_vec(),
             descriptors,
             hits_addend: 0,
         }

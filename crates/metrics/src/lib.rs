@@ -40,6 +40,8 @@ catalogue! {
         "Allowed evaluations that left at most 20% of the limit, by policy id";
     GRPC_REQUEST_SECONDS = "edgelimit_grpc_request_seconds", Histogram, Some(Unit::Seconds),
         "ShouldRateLimit handling time";
+    MALFORMED_REQUESTS = "edgelimit_malformed_requests_total", Counter, None,
+        "Request bodies that are not a RateLimitRequest, answered under the failure mode";
     BACKEND_FAILURES = "edgelimit_backend_failures_total", Counter, None,
         "Backend outcomes that were not decisions, by category and cause";
     REDIS_COMMAND_SECONDS = "edgelimit_redis_command_seconds", Histogram, Some(Unit::Seconds),
@@ -76,6 +78,8 @@ catalogue! {
         "Low 53 bits of the loaded policy set's revision";
     CONFIG_RULES = "edgelimit_config_rules", Gauge, None,
         "Descriptors (rules) in the loaded policy set";
+    CONFIG_DOMAINS = "edgelimit_config_domains", Gauge, None,
+        "Domains in the loaded policy set; 0 means every request is answered OK";
     CONFIG_LAST_RELOAD_SUCCESS = "edgelimit_config_last_reload_success_timestamp_seconds", Gauge,
         Some(Unit::Seconds), "When the loaded policy set was loaded";
     BUILD_INFO = "edgelimit_build_info", Gauge, None,

@@ -50,10 +50,11 @@ impl PolicySet {
     /// The rule for a request's descriptor entries: one tree level per entry, and only if
     /// the rule reached at the last entry has a limit or is unlimited. Case-sensitive.
     /// Neither allocates nor locks.
-    pub fn find<'e>(
+    /// The rule for `entries` (keys and values as bytes, compared byte for byte).
+    pub fn find<K: AsRef<[u8]>, V: AsRef<[u8]>>(
         &self,
         domain: &str,
-        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+        entries: impl IntoIterator<Item = (K, V)>,
     ) -> Option<&Rule> {
         let index = self.matcher.find(domain, entries)?;
         self.rules.get(index).filter(|rule| rule.has_limit())

@@ -2,13 +2,18 @@
 //!
 //! Per level and key, a request entry's value is tried against, in order:
 //! 1. the exact `value` (hash lookup);
-//! 2. wildcard values (containing `*`, which matches any run of characters, including
+//! 2. wildcard values (containing `*`, which matches any run of bytes, including
 //!    none). When several match, the one with the longest literal text before its first `*`
 //!    wins; ties go to the one declared first;
 //! 3. the key-only descriptor (no `value`), which matches any value.
 //!
 //! One node is chosen per level and there is no backtracking: if the chosen node has no
 //! child for the next entry, the request matches nothing (as in the reference).
+//!
+//! Request keys and values are bytes, compared byte for byte: Envoy may put any header byte
+//! in a value, and a value that is not UTF-8 must be matched like any other, never refused
+//! (a refused call is one Envoy lets through by default). Policy text is UTF-8, so on UTF-8
+//! values this is exactly string matching.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -18,12 +23,12 @@ pub(crate) type NodeId = usize;
 
 #[derive(Debug, Default)]
 pub(crate) struct Level {
-    keys: HashMap<Box<str>, KeyEntry>,
+    keys: HashMap<Box<[u8]>, KeyEntry>,
 }
 
 #[derive(Debug, Default)]
 struct KeyEntry {
-    exact: HashMap<Box<str>, NodeId>,
+    exact: HashMap<Box<[u8]>, NodeId>,
     wildcards: Wildcards,
     any: Option<NodeId>,
 }
@@ -43,11 +48,11 @@ struct Wildcards {
     /// Declaration order.
     all: Vec<Wildcard>,
     /// Non-empty prefix -> indices into `all`, ascending.
-    by_prefix: HashMap<Box<str>, Vec<usize>>,
+    by_prefix: HashMap<Box<[u8]>, Vec<usize>>,
     /// Distinct non-empty prefix lengths, descending.
     prefix_lens: Vec<usize>,
     /// Empty prefix: suffix (maybe empty) -> indices into `all`, ascending.
-    by_suffix: HashMap<Box<str>, Vec<usize>>,
+    by_suffix: HashMap<Box<[u8]>, Vec<usize>>,
     /// Distinct suffix lengths of the empty-prefix patterns.
     suffix_lens: Vec<usize>,
 }
@@ -59,28 +64,28 @@ impl Wildcards {
 
     fn push(&mut self, w: Wildcard) {
         let index = self.all.len();
-        let (prefix, suffix) = (w.prefix().to_owned(), w.suffix().to_owned());
+        let (prefix, suffix) = (w.prefix().as_bytes(), w.suffix().as_bytes());
+        let (prefix, suffix): (Box<[u8]>, Box<[u8]>) = (prefix.into(), suffix.into());
         self.all.push(w);
         if prefix.is_empty() {
             if !self.suffix_lens.contains(&suffix.len()) {
                 self.suffix_lens.push(suffix.len());
             }
-            self.by_suffix.entry(suffix.into()).or_default().push(index);
+            self.by_suffix.entry(suffix).or_default().push(index);
         } else {
             if let Err(at) = self.prefix_lens.binary_search_by(|l| prefix.len().cmp(l)) {
                 self.prefix_lens.insert(at, prefix.len());
             }
-            self.by_prefix.entry(prefix.into()).or_default().push(index);
+            self.by_prefix.entry(prefix).or_default().push(index);
         }
     }
 
-    fn find(&self, value: &str) -> Option<NodeId> {
+    fn find(&self, value: &[u8]) -> Option<NodeId> {
         if self.all.is_empty() {
             return None;
         }
         for &len in &self.prefix_lens {
-            // `get` is None past the end or inside a multi-byte character; neither can start
-            // with a (valid UTF-8) prefix of that length.
+            // A cut inside a multi-byte character is not UTF-8, so it equals no prefix.
             let Some(bucket) = value.get(..len).and_then(|p| self.by_prefix.get(p)) else {
                 continue;
             };
@@ -111,7 +116,7 @@ impl Wildcards {
 
     /// The definition the index must agree with: a scan in precedence order.
     #[cfg(test)]
-    fn find_by_scan(&self, value: &str) -> Option<NodeId> {
+    fn find_by_scan(&self, value: &[u8]) -> Option<NodeId> {
         let mut order: Vec<&Wildcard> = self.all.iter().collect();
         // Stable: ties keep declaration order.
         order.sort_by_key(|w| std::cmp::Reverse(w.prefix().len()));
@@ -146,14 +151,14 @@ impl Wildcard {
         self.parts.last().map_or("", |p| p)
     }
 
-    fn matches(&self, value: &str) -> bool {
+    fn matches(&self, value: &[u8]) -> bool {
         let (Some(first), Some(last)) = (self.parts.first(), self.parts.last()) else {
             return false;
         };
         // Length first: it guarantees prefix and suffix do not overlap.
         if value.len() < self.literal_len
-            || !value.starts_with(&**first)
-            || !value.ends_with(&**last)
+            || !value.starts_with(first.as_bytes())
+            || !value.ends_with(last.as_bytes())
         {
             return false;
         }
@@ -166,13 +171,22 @@ impl Wildcard {
             .unwrap_or(&[]);
         for part in middle {
             // Leftmost match is optimal for `*`-only globs: it leaves the most text for the rest.
-            match rest.find(&**part) {
-                Some(at) => rest = rest.get(at + part.len()..).unwrap_or(""),
+            match find_bytes(rest, part.as_bytes()) {
+                Some(at) => rest = rest.get(at + part.len()..).unwrap_or_default(),
                 None => return false,
             }
         }
         true
     }
+}
+
+/// Position of the first occurrence of `needle` in `haystack`. Parts are short literals from
+/// policy files; a naive search is linear enough and needs no dependency.
+fn find_bytes(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 #[derive(Debug)]
@@ -210,7 +224,7 @@ impl Matcher {
                 None => return Err(Duplicate),
             },
         };
-        let entry = level.keys.entry(Box::from(key)).or_default();
+        let entry = level.keys.entry(Box::from(key.as_bytes())).or_default();
         match value {
             None if entry.any.is_some() => return Err(Duplicate),
             None => entry.any = Some(id),
@@ -220,7 +234,7 @@ impl Matcher {
                 }
                 entry.wildcards.push(Wildcard::compile(v, id));
             }
-            Some(v) => match entry.exact.entry(Box::from(v)) {
+            Some(v) => match entry.exact.entry(Box::from(v.as_bytes())) {
                 Entry::Occupied(_) => return Err(Duplicate),
                 Entry::Vacant(slot) => {
                     slot.insert(id);
@@ -236,15 +250,16 @@ impl Matcher {
 
     /// The rule reached by consuming every entry, one level each; `None` for no entries or
     /// no match.
-    pub(crate) fn find<'e>(
+    pub(crate) fn find<K: AsRef<[u8]>, V: AsRef<[u8]>>(
         &self,
         domain: &str,
-        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+        entries: impl IntoIterator<Item = (K, V)>,
     ) -> Option<usize> {
         let mut level = self.domains.get(domain)?;
         let mut reached = None;
         for (key, value) in entries {
-            let entry = level.keys.get(key)?;
+            let value = value.as_ref();
+            let entry = level.keys.get(key.as_ref())?;
             let id = entry
                 .exact
                 .get(value)
@@ -278,13 +293,13 @@ mod tests {
                 }
             }
             for v in &values {
-                prop_assert_eq!(w.find(v), w.find_by_scan(v), "value {:?}", v);
+                prop_assert_eq!(w.find(v.as_bytes()), w.find_by_scan(v.as_bytes()), "value {:?}", v);
             }
         }
     }
 
     fn glob(p: &str, v: &str) -> bool {
-        Wildcard::compile(p, 0).matches(v)
+        Wildcard::compile(p, 0).matches(v.as_bytes())
     }
 
     #[test]
@@ -329,11 +344,52 @@ mod tests {
             None,
             "no backtracking"
         );
-        assert_eq!(m.find("d", []), None);
+        assert_eq!(m.find("d", [] as [(&str, &str); 0]), None);
         assert_eq!(m.find("e", [("k", "x")]), None);
         assert_eq!(m.insert("d", None, "k", Some("/a/*"), 9), Err(Duplicate));
         assert_eq!(m.insert("d", None, "k", None, 9), Err(Duplicate));
         assert_eq!(m.insert("d", None, "k", Some("/a/b/c"), 9), Err(Duplicate));
+    }
+
+    proptest! {
+        /// Any byte string is matched, never refused: the index agrees with the scan on
+        /// values that are not UTF-8 too.
+        #[test]
+        fn arbitrary_bytes_agree_with_the_scan(
+            patterns in proptest::collection::vec("[ab/é]{0,3}\\*[ab/é*]{0,4}", 1..12),
+            values in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..10), 1..24),
+        ) {
+            let mut w = Wildcards::default();
+            for (node, p) in patterns.iter().enumerate() {
+                if !w.contains_pattern(p) {
+                    w.push(Wildcard::compile(p, node));
+                }
+            }
+            for v in &values {
+                prop_assert_eq!(w.find(v), w.find_by_scan(v), "value {:?}", v);
+            }
+        }
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_match_byte_for_byte() {
+        let mut m = Matcher::default();
+        let any = m.insert("d", None, "k", None, 0).unwrap();
+        m.insert("d", None, "k", Some("/a/*"), 1).unwrap();
+        m.insert("d", None, "k", Some("x"), 2).unwrap();
+        m.insert("d", Some(any), "n", Some("*z"), 3).unwrap();
+        let bad: &[u8] = b"/a/\xff\xfe";
+        assert_eq!(m.find("d", [(&b"k"[..], bad)]), Some(1), "prefix on bytes");
+        assert_eq!(
+            m.find("d", [(&b"k"[..], &b"\xffx"[..])]),
+            Some(0),
+            "key-only"
+        );
+        assert_eq!(
+            m.find("d", [(&b"k"[..], &b"\xc3"[..]), (&b"n"[..], &b"\x80z"[..])]),
+            Some(3)
+        );
+        assert_eq!(m.find("d", [(&b"\xffk"[..], &b"x"[..])]), None, "keys too");
     }
 
     #[test]

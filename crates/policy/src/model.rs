@@ -105,9 +105,9 @@ pub struct Rule {
 impl Rule {
     /// The value that identifies the subject at `level`: the wildcard pattern for a
     /// `share_threshold` level, the request's own value otherwise.
-    pub fn subject_value<'a>(&'a self, level: usize, value: &'a str) -> &'a str {
+    pub fn subject_value<'a>(&'a self, level: usize, value: &'a [u8]) -> &'a [u8] {
         match self.share_patterns.get(level) {
-            Some(Some(pattern)) => pattern,
+            Some(Some(pattern)) => pattern.as_bytes(),
             _ => value,
         }
     }

@@ -110,7 +110,7 @@ fn depth_must_equal_entry_count() {
     assert!(set
         .find("api", [("remote_address", "1.2.3.4"), ("path", "/x")])
         .is_none());
-    assert!(set.find("api", []).is_none());
+    assert!(set.find("api", [] as [(&str, &str); 0]).is_none());
 }
 
 #[test]
@@ -955,7 +955,7 @@ fn the_whole_reference_format_loads() {
     assert_eq!(vip.limits[0].unit, Unit::Day);
     let files = set.find("full", [("path", "/files/a")]).unwrap();
     assert_eq!(files.share_patterns, vec![Some("/files/*".to_string())]);
-    assert_eq!(files.subject_value(0, "/files/a"), "/files/*");
+    assert_eq!(files.subject_value(0, b"/files/a"), b"/files/*");
     let nested = set
         .find("full", [("path", "/shared/x/raw"), ("method", "GET")])
         .unwrap();
@@ -963,10 +963,10 @@ fn the_whole_reference_format_loads() {
         nested.share_patterns,
         vec![Some("/shared/*/raw".into()), None]
     );
-    assert_eq!(nested.subject_value(1, "GET"), "GET");
+    assert_eq!(nested.subject_value(1, b"GET"), b"GET");
     let own = set.find("full", [("path", "/own/a")]).unwrap();
     assert!(own.share_patterns.is_empty(), "no sharing unless asked");
-    assert_eq!(own.subject_value(0, "/own/a"), "/own/a");
+    assert_eq!(own.subject_value(0, b"/own/a"), b"/own/a");
     assert_eq!(own.limits[0].unit, Unit::Year);
 }
 

@@ -1,16 +1,15 @@
 //! How one connection is made for each topology, what it is (`Link`), and how its health is
 //! judged. The supervision around it (slots, back-off, health-check timing) is topology-blind
-//! and lives in `connections.rs`.
+//! and lives in `connections.rs`. Cluster nodes are connected one by one (`NodeClients`,
+//! supervised in `cluster/`).
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
+use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError,
-    RedisResult, TlsCertificates, TlsMode, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
+    IntoConnectionInfo, RedisError, RedisResult, TlsCertificates, TlsMode, Value,
 };
 use tokio::sync::Mutex;
 
@@ -18,20 +17,13 @@ use super::classify::breaks_connection;
 use super::settings::{RedisSettings, RedisSetupError, SentinelSettings, Topology};
 use super::tls;
 
-/// Redirects and `TRYAGAIN`/`CLUSTERDOWN` a cluster command may follow before its error is
-/// returned (and classified as a refusal). A resharding normally needs one.
-const CLUSTER_RETRIES: u32 = 2;
-/// Back-off between those retries: short, since the caller's command deadline still applies.
-const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (1, 20);
-
 /// Health-check verdict for a Sentinel connection whose node is no longer the primary.
 pub const PRIMARY_MOVED: &str = "the Sentinels name another primary";
 
-/// Makes connections for one configured topology.
+/// Makes connections for one configured topology (Cluster: see `NodeClients`).
 pub enum Connector {
     Standalone(Client),
     Sentinel(SentinelResolver),
-    Cluster(ClusterClient),
 }
 
 /// One live connection of any topology. Cloning is cheap (a handle onto a shared multiplexer).
@@ -43,8 +35,6 @@ pub enum Link {
         connection: MultiplexedConnection,
         primary: String,
     },
-    /// Routes each command by its first key's slot and follows MOVED/ASK itself.
-    Cluster(ClusterConnection),
 }
 
 impl Link {
@@ -55,18 +45,14 @@ impl Link {
             Link::Standalone(connection) | Link::Sentinel { connection, .. } => {
                 connection.send_packed_command(cmd).await
             }
-            Link::Cluster(connection) => connection.req_packed_command(cmd).await,
         }
     }
 
-    /// Whether `error` means this link must be replaced. A cluster connection reconnects its
-    /// node connections and refreshes its slot map by itself, so only a failed health check
-    /// replaces it. Behind Sentinel, `READONLY` means the node was demoted: reconnecting
+    /// Whether `error` means this link must be replaced. Behind Sentinel, `READONLY` means the node was demoted: reconnecting
     /// re-resolves the primary instead of sending more commands to a replica (a standalone
     /// URL would only lead back to the same node).
     pub fn broken_by(&self, error: &RedisError) -> bool {
         match self {
-            Link::Cluster(_) => false,
             Link::Standalone(_) => breaks_connection(error),
             Link::Sentinel { .. } => {
                 breaks_connection(error)
@@ -79,7 +65,6 @@ impl Link {
         match self {
             Link::Standalone(_) => "standalone",
             Link::Sentinel { .. } => "sentinel",
-            Link::Cluster(_) => "cluster",
         }
     }
 }
@@ -114,24 +99,9 @@ impl Connector {
                 .map_err(client_error)?;
                 Ok(Self::Standalone(client))
             }
-            Topology::Cluster { nodes } => {
-                let infos = nodes
-                    .iter()
-                    .map(|url| parse(url).map(|info| with_credentials(info, settings)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let mut builder = ClusterClientBuilder::new(infos)
-                    .connection_timeout(settings.connect_timeout)
-                    // Cleans up requests that hang inside the cluster connection; each
-                    // evaluation is bounded by its own, shorter, command deadline.
-                    .response_timeout(settings.connect_timeout)
-                    .retries(CLUSTER_RETRIES)
-                    .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
-                    .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1);
-                if let Some(certs) = certs {
-                    builder = builder.certs(certs);
-                }
-                Ok(Self::Cluster(builder.build().map_err(client_error)?))
-            }
+            Topology::Cluster { .. } => Err(RedisSetupError::Client(
+                "a cluster is connected node by node".into(),
+            )),
             Topology::Sentinel(sentinel) => {
                 let client = sentinel_client(sentinel, settings, certs).map_err(client_error)?;
                 Ok(Self::Sentinel(SentinelResolver {
@@ -168,25 +138,16 @@ impl Connector {
                     primary,
                 })
             }
-            Connector::Cluster(client) => {
-                tokio::time::timeout(connect_timeout * 2, client.get_async_connection())
-                    .await
-                    .map_err(bounded("cluster connect"))?
-                    .map(Link::Cluster)
-            }
         }
     }
 
-    /// `Ok` if `link` answers `PING` within `timeout` (every primary, for a cluster) and, for
+    /// `Ok` if `link` answers `PING` within `timeout` and, for
     /// Sentinel, is still the primary the Sentinels name. The reason is for the log.
     pub async fn check(&self, link: &Link, timeout: Duration) -> Result<(), &'static str> {
         let mut pinged = link.clone();
         let ping = redis::cmd("PING");
         match tokio::time::timeout(timeout, pinged.send(&ping)).await {
             Ok(Ok(Value::SimpleString(ref s))) if s == "PONG" => {}
-            // A cluster combines the primaries' answers; any error is returned as one.
-            Ok(Ok(Value::ServerError(_))) => return Err("health check failed"),
-            Ok(Ok(_)) if matches!(link, Link::Cluster(_)) => {}
             _ => return Err("health check failed"),
         }
         if let (Connector::Sentinel(resolver), Link::Sentinel { primary, .. }) = (self, link) {
@@ -200,6 +161,84 @@ impl Connector {
             }
         }
         Ok(())
+    }
+}
+
+/// Makes a client for any Cluster node: the seeds' scheme (TLS or not), credentials and
+/// certificates, with the address the slot map names.
+pub struct NodeClients {
+    template: ConnectionInfo,
+    certs: Option<TlsCertificates>,
+    seeds: Vec<String>,
+}
+
+impl NodeClients {
+    pub fn build(settings: &RedisSettings) -> Result<Self, RedisSetupError> {
+        let Topology::Cluster { nodes } = &settings.topology else {
+            return Err(RedisSetupError::NoNodes("cluster_nodes"));
+        };
+        if settings.uses_tls() || settings.tls.is_some() {
+            tls::install_crypto_provider();
+        }
+        let certs = settings.tls.as_ref().map(tls::certificates).transpose()?;
+        let mut seeds = Vec::with_capacity(nodes.len());
+        let mut template = None;
+        for url in nodes {
+            let info = with_credentials(parse(url)?, settings);
+            let addr = match info.addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    format!("{host}:{port}")
+                }
+                _ => {
+                    return Err(RedisSetupError::url(
+                        url,
+                        &RedisError::from((
+                            ErrorKind::InvalidClientConfig,
+                            "a cluster node needs a host and port",
+                        )),
+                    ))
+                }
+            };
+            seeds.push(addr);
+            template.get_or_insert(info);
+        }
+        let template = template.ok_or(RedisSetupError::NoNodes("cluster_nodes"))?;
+        let clients = Self {
+            template,
+            certs,
+            seeds,
+        };
+        // Fails here, at start, rather than on the first node the map names.
+        let (host, port) = clients.seeds[0]
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+            .ok_or(RedisSetupError::NoNodes("cluster_nodes"))?;
+        clients
+            .client(&host, port)
+            .map_err(|e| RedisSetupError::Client(format!("{:?}", e.kind())))?;
+        Ok(clients)
+    }
+
+    /// The seed nodes' `host:port`.
+    pub fn seeds(&self) -> &[String] {
+        &self.seeds
+    }
+
+    pub fn client(&self, host: &str, port: u16) -> RedisResult<Client> {
+        let addr = match self.template.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let info = self.template.clone().set_addr(addr);
+        match &self.certs {
+            Some(certs) => Client::build_with_tls(info, certs.clone()),
+            None => Client::open(info),
+        }
     }
 }
 

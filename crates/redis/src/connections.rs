@@ -1,7 +1,8 @@
 //! A fixed set of connections, each kept alive by its own background task. Requests pipeline
 //! onto a shared connection instead of checking one out; a slot without a live connection
 //! fails fast (nothing was sent) while its task reconnects with back-off. What a connection
-//! is (one server, a Sentinel-resolved primary, a whole cluster) is `connect.rs`'s business.
+//! is (one server, a Sentinel-resolved primary) is `connect.rs`'s business; a Cluster's
+//! masters are supervised one by one in `cluster/`.
 //!
 //! A connection leaves its slot when a command on it fails at the transport level, or when a
 //! health check (`PING`, bounded by `health_check_timeout`) fails. Health checks run every
@@ -199,7 +200,7 @@ async fn maintain(
     }
 }
 
-async fn preload(link: &Link, sources: &[&'static str], timeout: Duration) {
+pub(crate) async fn preload(link: &Link, sources: &[&'static str], timeout: Duration) {
     for source in sources {
         let mut link = link.clone();
         let mut load = ::redis::cmd("SCRIPT");

@@ -13,6 +13,7 @@ use redis::{Cmd, RedisResult, Value};
 use tokio::runtime::{Builder, Handle};
 use tokio::sync::oneshot;
 
+use super::cluster::{Routed, Router};
 use super::connect::Link;
 
 /// How a command sent from the I/O thread ended.
@@ -22,6 +23,8 @@ pub enum Sent {
     TimedOut,
     /// The I/O thread is gone (the backend is shutting down): the command may have been sent.
     Lost,
+    /// Refused before sending: the Cluster master for its slot is not up.
+    Refused,
 }
 
 pub struct IoThread {
@@ -64,6 +67,27 @@ impl IoThread {
             let sent = match sent {
                 Ok(reply) => Sent::Reply(reply),
                 Err(_) => Sent::TimedOut,
+            };
+            let _ = done.send((sent, Instant::now()));
+        });
+        result.await.unwrap_or((Sent::Lost, Instant::now()))
+    }
+
+    /// Sends `cmd` to the Cluster master owning `slot` (following redirects) from the I/O
+    /// thread, as `send` does.
+    pub async fn route(
+        &self,
+        router: Router,
+        slot: u16,
+        cmd: Cmd,
+        deadline: Instant,
+    ) -> (Sent, Instant) {
+        let (done, result) = oneshot::channel();
+        self.handle.spawn(async move {
+            let sent = match router.send(slot, &cmd, deadline).await {
+                Routed::Reply(reply) => Sent::Reply(reply),
+                Routed::TimedOut => Sent::TimedOut,
+                Routed::NotSent => Sent::Refused,
             };
             let _ = done.send((sent, Instant::now()));
         });

@@ -11,6 +11,7 @@
 mod admission;
 mod batch;
 mod classify;
+mod cluster;
 mod codec;
 mod connect;
 mod connections;
@@ -54,7 +55,8 @@ pub use settings::{
 pub use slot::key_slot;
 
 use batch::Batcher;
-use connect::Connector;
+use cluster::{Cluster, Router};
+use connect::{Connector, NodeClients};
 use connections::Connections;
 use io::{IoThread, Sent};
 
@@ -64,8 +66,21 @@ pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// connect) after it is back.
 pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
 
+/// Where commands go: a pool of interchangeable connections (standalone, Sentinel), or the
+/// Cluster master owning each command's slot.
+enum Pool {
+    Shared(Arc<Connections>),
+    Cluster(Cluster),
+}
+
+/// Where one call goes.
+enum Route {
+    Link(Arc<connections::Live>),
+    Slot(Router, u16),
+}
+
 pub struct RedisBackend {
-    connections: Arc<Connections>,
+    pool: Pool,
     /// Requests queue for a batch call while the window of calls in flight is full; none on
     /// Cluster (each request's keys are routed to their own node) or with `batch_max` 1.
     batcher: Option<Arc<Batcher>>,
@@ -97,6 +112,14 @@ enum Call<'a> {
 }
 
 impl Call<'_> {
+    /// The key that picks the Cluster slot (every key of a call shares it).
+    fn first_key(&self) -> &str {
+        match self {
+            Call::Single { key, .. } => key,
+            Call::Composite { keys, .. } => keys.first().copied().unwrap_or_default(),
+        }
+    }
+
     fn program<'p>(&self, programs: &'p Programs) -> &'p Program {
         match self {
             Call::Single { policy, .. } => programs.for_algorithm(policy.algorithm()),
@@ -254,37 +277,49 @@ impl RedisBackend {
     /// first connection is up are `Unavailable`.
     pub fn start(settings: RedisSettings) -> Result<Self, RedisSetupError> {
         settings.validate()?;
-        let connector = Arc::new(Connector::build(&settings)?);
         let io =
             IoThread::start().map_err(|e| RedisSetupError::Client(format!("I/O thread: {e}")))?;
         let programs = Arc::new(Programs::load());
-        let connections = Arc::new(Connections::start(
-            connector,
-            ConnectionSettings {
-                count: settings.connections,
-                connect_timeout: settings.connect_timeout,
-                health_check_interval: HEALTH_CHECK_INTERVAL,
-                health_check_timeout: settings.connect_timeout,
-                max_backoff: MAX_RECONNECT_BACKOFF,
-                preload: programs.all().iter().map(|p| p.source).collect(),
-            },
-            io.handle(),
-        ));
-        let batcher = (settings.batch_max > 1
-            && !matches!(settings.topology, Topology::Cluster { .. }))
-        .then(|| {
-            // About two calls in flight per connection: one being answered while the next is
-            // on its way, the rest of the requests gathered into the calls that follow.
-            Batcher::new(
-                settings.connections * 2,
-                settings.batch_max,
-                connections.clone(),
-                programs.clone(),
-                io.handle().clone(),
-            )
-        });
+        let connection_settings = ConnectionSettings {
+            count: settings.connections,
+            connect_timeout: settings.connect_timeout,
+            health_check_interval: HEALTH_CHECK_INTERVAL,
+            health_check_timeout: settings.connect_timeout,
+            max_backoff: MAX_RECONNECT_BACKOFF,
+            preload: programs.all().iter().map(|p| p.source).collect(),
+        };
+        let (pool, batcher) = match &settings.topology {
+            Topology::Cluster { .. } => (
+                Pool::Cluster(Cluster::start(
+                    NodeClients::build(&settings)?,
+                    connection_settings,
+                    io.handle(),
+                )),
+                None,
+            ),
+            _ => {
+                let connections = Arc::new(Connections::start(
+                    Arc::new(Connector::build(&settings)?),
+                    connection_settings,
+                    io.handle(),
+                ));
+                let batcher = (settings.batch_max > 1).then(|| {
+                    // About two calls in flight per connection: one being answered while the
+                    // next is on its way, the rest of the requests gathered into the calls
+                    // that follow.
+                    Batcher::new(
+                        settings.connections * 2,
+                        settings.batch_max,
+                        connections.clone(),
+                        programs.clone(),
+                        io.handle().clone(),
+                    )
+                });
+                (Pool::Shared(connections), batcher)
+            }
+        };
         Ok(Self {
-            connections,
+            pool,
             batcher,
             io,
             clock_offset_ms: AtomicI64::new(i64::MIN),
@@ -298,7 +333,7 @@ impl RedisBackend {
     /// Waits until a connection is up, at most `bound`; returns whether one is.
     pub async fn wait_connected(&self, bound: Duration) -> bool {
         let deadline = Instant::now() + bound;
-        while self.connections.live_count() == 0 {
+        while self.live_connections() == 0 {
             if Instant::now() >= deadline {
                 return false;
             }
@@ -315,8 +350,12 @@ impl RedisBackend {
         self.admission.in_flight()
     }
 
+    /// Live connections (Cluster: masters that are up, one connection each).
     pub fn live_connections(&self) -> usize {
-        self.connections.live_count()
+        match &self.pool {
+            Pool::Shared(connections) => connections.live_count(),
+            Pool::Cluster(cluster) => cluster.masters_up(),
+        }
     }
 
     fn is_cluster(&self) -> bool {
@@ -350,6 +389,19 @@ impl RedisBackend {
         call: &Call<'_>,
         deadline: Instant,
     ) -> Result<Vec<ProgramReply>, Failure> {
+        // No live connection (Cluster: the slot's master is not up): nothing is sent, so
+        // nothing can have changed; answered at once.
+        let cluster_route = match &self.pool {
+            Pool::Shared(_) => None,
+            Pool::Cluster(cluster) => {
+                let router = cluster.router();
+                let slot = key_slot(call.first_key().as_bytes());
+                if !router.available(slot) {
+                    return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
+                }
+                Some(Route::Slot(router, slot))
+            }
+        };
         let ticket = self
             .admission
             .admit(deadline, self.settings.command_timeout)
@@ -374,20 +426,37 @@ impl RedisBackend {
                 }
             },
         };
-        // No live connection: nothing is sent, so nothing can have changed.
-        let Some(live) = self.connections.pick() else {
-            return Err(Failure::Unavailable(UnavailableCause::ConnectFailed));
+        let route = match (cluster_route, &self.pool) {
+            (Some(route), _) => route,
+            (None, Pool::Shared(connections)) => Route::Link(
+                connections
+                    .pick()
+                    .ok_or(Failure::Unavailable(UnavailableCause::ConnectFailed))?,
+            ),
+            (None, Pool::Cluster(_)) => {
+                return Err(Failure::Unavailable(UnavailableCause::ConnectFailed))
+            }
         };
         let mut sent_source = false;
         let (result, finished) = loop {
             // The EVALSHA and the one resend share the command deadline.
             let cmd = call.command(program, sent_source, deadline_ms);
-            let (sent, finished) = self.io.send(live.link.clone(), cmd, command_deadline).await;
+            let (sent, finished) = match &route {
+                Route::Link(live) => self.io.send(live.link.clone(), cmd, command_deadline).await,
+                Route::Slot(router, slot) => {
+                    self.io
+                        .route(router.clone(), *slot, cmd, command_deadline)
+                        .await
+                }
+            };
             match sent {
                 Sent::TimedOut => {
                     // The command may sit in Redis's input buffer and run later: uncertain.
-                    // A paused or half-open server is found by an immediate health check.
-                    self.connections.suspect(&live);
+                    // A paused or half-open server is found by an immediate health check
+                    // (the router does it for its node).
+                    if let (Route::Link(live), Pool::Shared(connections)) = (&route, &self.pool) {
+                        connections.suspect(live);
+                    }
                     break (
                         Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
                         finished,
@@ -396,6 +465,12 @@ impl RedisBackend {
                 Sent::Lost => {
                     break (
                         Err(Failure::Indeterminate(IndeterminateCause::ConnectionLost)),
+                        finished,
+                    )
+                }
+                Sent::Refused => {
+                    break (
+                        Err(Failure::Unavailable(UnavailableCause::ConnectFailed)),
                         finished,
                     )
                 }
@@ -412,8 +487,10 @@ impl RedisBackend {
                 }
                 Sent::Reply(Err(error)) => {
                     let failure = classify(&error);
-                    if live.link.broken_by(&error) {
-                        self.connections.mark_broken(&live);
+                    if let (Route::Link(live), Pool::Shared(connections)) = (&route, &self.pool) {
+                        if live.link.broken_by(&error) {
+                            connections.mark_broken(live);
+                        }
                     }
                     tracing::debug!(%error, ?failure, "redis command failed");
                     break (Err(failure), finished);
@@ -598,7 +675,7 @@ impl RateLimitPort for RedisBackend {
     }
 
     async fn readiness(&self) -> BackendReadiness {
-        if self.connections.live_count() > 0 {
+        if self.live_connections() > 0 {
             BackendReadiness::Ready
         } else {
             BackendReadiness::NotReady("no live Redis connection".into())
@@ -611,10 +688,13 @@ impl RateLimitPort for RedisBackend {
             Topology::Sentinel(_) => "sentinel",
             Topology::Cluster { .. } => "cluster",
         };
+        let connections = match self.pool {
+            Pool::Shared(_) => format!("{} connections", self.settings.connections),
+            Pool::Cluster(_) => "one connection per master".to_owned(),
+        };
         format!(
-            "redis {topology}{} ({} connections, command timeout {:?})",
+            "redis {topology}{} ({connections}, command timeout {:?})",
             if self.settings.uses_tls() { " tls" } else { "" },
-            self.settings.connections,
             self.settings.command_timeout
         )
     }

@@ -142,7 +142,7 @@ pub struct RedisSettings {
     /// Fixed per-command budget; a request whose deadline is closer is refused before sending.
     pub command_timeout: Duration,
     pub connect_timeout: Duration,
-    /// Multiplexed connections (or cluster connections) shared by all requests.
+    /// Multiplexed connections shared by all requests (Cluster: one per master instead).
     pub connections: usize,
     /// Commands in flight at most; more are refused before sending.
     pub max_in_flight: usize,
