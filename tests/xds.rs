@@ -16,6 +16,7 @@ use common::redis_server::free_port;
 use common::server::{
     call, descriptor, request, wait_until, EdgelimitServer, ServerOptions, OK, OVER_LIMIT,
 };
+use common::topologies::Certs;
 use edgelimit::bootstrap::xds::proto::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
     RATE_LIMIT_CONFIG_TYPE_URL, STREAM_RLS_CONFIGS_PATH,
@@ -180,8 +181,82 @@ struct ManagementServer {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
+/// A TLS connection accepted by the test's management server.
+struct TlsConn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl tonic::transport::server::Connected for TlsConn {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl tokio::io::AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Server certificate from `certs`, and client certificates required and verified against
+/// its CA (mTLS), as Envoy Gateway's xDS server does.
+fn mtls_server_config(certs: &Certs) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&certs.ca).expect("ca") {
+        roots.add(cert.expect("ca cert")).expect("add ca");
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("client verifier");
+    let chain = CertificateDer::pem_file_iter(&certs.server_cert)
+        .expect("server cert")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("server chain");
+    let key = PrivateKeyDer::from_pem_file(&certs.server_key).expect("server key");
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .expect("server config");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(config)
+}
+
 impl ManagementServer {
     fn start(port: u16, seen: Arc<Seen>, snapshots: watch::Receiver<Snapshot>) -> Self {
+        Self::start_with(port, seen, snapshots, None)
+    }
+
+    fn start_with(
+        port: u16,
+        seen: Arc<Seen>,
+        snapshots: watch::Receiver<Snapshot>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -197,11 +272,31 @@ impl ManagementServer {
                 seen,
                 snapshots,
             }));
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let _ = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(incoming)
-                .await;
+            let server = tonic::transport::Server::builder().add_service(service);
+            match tls {
+                None => {
+                    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    let _ = server.serve_with_incoming(incoming).await;
+                }
+                Some(config) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                    let (tx, rx) = mpsc::channel::<std::io::Result<TlsConn>>(8);
+                    tokio::spawn(async move {
+                        while let Ok((tcp, _)) = listener.accept().await {
+                            let acceptor = acceptor.clone();
+                            let tx = tx.clone();
+                            // A failed handshake (untrusted client) is just dropped.
+                            tokio::spawn(async move {
+                                if let Ok(tls) = acceptor.accept(tcp).await {
+                                    let _ = tx.send(Ok(TlsConn(tls))).await;
+                                }
+                            });
+                        }
+                    });
+                    let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
+                    let _ = server.serve_with_incoming(incoming).await;
+                }
+            }
         });
         bound_rx
             .recv_timeout(Duration::from_secs(10))
@@ -424,4 +519,69 @@ async fn force_start_serves_before_the_first_snapshot_and_picks_it_up_later() {
         server.log_text()
     );
     assert_eq!(current_limit(&server, &[("route", "a")]).await, Some(7));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_to_the_management_server_verifies_both_ends() {
+    let dir = tempfile::tempdir().expect("cert dir");
+    let certs = Certs::generate(dir.path());
+    let port = free_port();
+    let seen = Arc::new(Seen::default());
+    let (_publish, snapshots) = watch::channel::<Snapshot>((
+        "v1".into(),
+        vec![gateway_config(limit(RateLimitUnit::Minute, 4), vec![])],
+    ));
+    let _management = ManagementServer::start_with(
+        port,
+        seen.clone(),
+        snapshots,
+        Some(mtls_server_config(&certs)),
+    );
+    let tls = |ca: &std::path::Path| {
+        format!(
+            "xds:\n  server_url: https://127.0.0.1:{port}\n  node_id: edgelimit-test-node\n  \
+             force_start_without_initial_config: true\n  backoff_initial: 100ms\n  backoff_max: 400ms\n  \
+             tls:\n    ca_file: {}\n    cert_file: {}\n    key_file: {}\n",
+            ca.display(),
+            certs.client_cert.display(),
+            certs.client_key.display()
+        )
+    };
+
+    // A server certificate from another CA is refused: nothing is received, nothing served.
+    let untrusted = EdgelimitServer::start(ServerOptions::memory(&[]).extra(&tls(&certs.other_ca)));
+    assert!(
+        wait_until(BOUND, || untrusted.log_text().contains("xDS stream failed")),
+        "{}",
+        untrusted.log_text()
+    );
+    assert!(
+        seen.requests().is_empty(),
+        "no request reached the server over an untrusted TLS session"
+    );
+    assert_eq!(current_limit(&untrusted, &[("route", "a")]).await, None);
+
+    // No client certificate: the management server refuses the session (mTLS).
+    let no_identity = tls(&certs.ca)
+        .lines()
+        .filter(|l| !l.contains("cert_file") && !l.contains("key_file"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let anonymous = EdgelimitServer::start(ServerOptions::memory(&[]).extra(&no_identity));
+    assert!(
+        wait_until(BOUND, || anonymous.log_text().contains("xDS stream failed")),
+        "{}",
+        anonymous.log_text()
+    );
+    assert!(seen.requests().is_empty(), "an anonymous client is refused");
+    drop(anonymous);
+
+    // Trusted CA and a client certificate the server verifies: subscribed and served.
+    let server = EdgelimitServer::start(ServerOptions::memory(&[]).extra(&tls(&certs.ca)));
+    assert!(
+        wait_until(BOUND, || seen.acked("v1")),
+        "v1 ACKed over mTLS:\n{}",
+        server.log_text()
+    );
+    assert_eq!(current_limit(&server, &[("route", "a")]).await, Some(4));
 }

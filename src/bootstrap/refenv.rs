@@ -56,6 +56,9 @@ const HONOURED: &[&str] = &[
     "CONFIG_GRPC_XDS_SERVER_URL",
     "CONFIG_GRPC_XDS_NODE_ID",
     "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
     "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
@@ -384,16 +387,13 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
 
 /// `CONFIG_TYPE=GRPC_XDS_SOTW`: the management server, as Envoy Gateway sets it.
 fn xds(vars: &Vars) -> Result<XdsConfig, RefEnvError> {
-    if vars.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
-        return Err(RefEnvError::Unsupported {
-            var: "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-            problem: "TLS to the xDS management server is not supported yet",
-        });
-    }
+    let use_tls = vars.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)?;
     // The reference takes `host:port` (gRPC's target syntax); a URL is accepted as well.
     let url = vars.or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000");
     let url = if url.contains("://") {
         url.to_owned()
+    } else if use_tls {
+        format!("https://{url}")
     } else {
         format!("http://{url}")
     };
@@ -401,6 +401,21 @@ fn xds(vars: &Vars) -> Result<XdsConfig, RefEnvError> {
         url,
         vars.or("CONFIG_GRPC_XDS_NODE_ID", "default").to_owned(),
     );
+    if use_tls {
+        let file = |var: &str| vars.get(var).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let tls = TlsConfig {
+            ca_file: file("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+            cert_file: file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            key_file: file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        };
+        if tls.ca_file.is_none() {
+            return Err(RefEnvError::Unsupported {
+                var: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+                problem: "required with CONFIG_GRPC_XDS_SERVER_USE_TLS=true (the management server is verified against it; system roots are not used)",
+            });
+        }
+        x.tls = Some(tls);
+    }
     x.force_start_without_initial_config =
         vars.flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?;
     // The reference's defaults: 10 s, doubling up to 60 s.
@@ -677,12 +692,30 @@ mod tests {
             ("http://localhost:18000", "default")
         );
         assert!(!x.force_start_without_initial_config);
-        let tls = env(&with(&[
+        let no_ca = env(&with(&[
             ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
         ]))
         .unwrap_err()
         .to_string();
-        assert!(tls.contains("CONFIG_GRPC_XDS_SERVER_USE_TLS"), "{tls}");
+        assert!(
+            no_ca.contains("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+            "{no_ca}"
+        );
+        let r = env(&with(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ]))
+        .unwrap();
+        let x = r.config.xds.unwrap();
+        assert_eq!(x.server_url, "https://envoy-gateway:18001");
+        let tls = x.tls.unwrap();
+        assert_eq!(tls.ca_file, Some(PathBuf::from("/certs/ca.crt")));
+        assert_eq!(tls.key_file, Some(PathBuf::from("/certs/tls.key")));
+        assert!(r.warning.is_none(), "{:?}", r.warning);
     }
 }

@@ -31,6 +31,8 @@ pub struct XdsSettings {
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub max_message_bytes: usize,
+    /// CA (and client certificate) for an `https://` server.
+    pub tls: Option<crate::bootstrap::config::TlsConfig>,
 }
 
 /// What one stream came to, for the back-off decision.
@@ -107,12 +109,23 @@ async fn stream(
     first: &mut Option<oneshot::Sender<()>>,
     session: &mut Session,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(settings.server_url.clone())?
+    let endpoint = tonic::transport::Endpoint::from_shared(settings.server_url.clone())?
         .connect_timeout(settings.connect_timeout)
         .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .connect()
-        .await?;
+        .keep_alive_timeout(Duration::from_secs(10));
+    let channel = match &settings.tls {
+        // Files are read on every connection, so rotated certificates are picked up.
+        Some(tls) => {
+            let config = super::tls::client_config(tls)?;
+            tokio::time::timeout(
+                settings.connect_timeout,
+                endpoint.connect_with_connector(super::tls::connector(config)),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("TLS connection timed out"))??
+        }
+        None => endpoint.connect().await?,
+    };
     let mut grpc =
         tonic::client::Grpc::new(channel).max_decoding_message_size(settings.max_message_bytes);
     grpc.ready().await?;

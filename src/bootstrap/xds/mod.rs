@@ -4,6 +4,7 @@
 pub mod client;
 pub mod convert;
 pub mod proto;
+pub mod tls;
 
 pub use client::XdsSettings;
 
@@ -75,12 +76,20 @@ impl XdsConfig {
                 "xds.server_url: expected http://host:port or https://host:port, got {url:?}"
             ));
         }
-        if self.tls.is_some() || url.starts_with("https://") {
-            return Err(
-                "xds.tls: TLS to the management server is not supported yet; reach it over \
-                 plaintext on a trusted network (e.g. a sidecar)"
-                    .into(),
-            );
+        // Never plaintext when TLS was asked for, and never TLS without its settings.
+        match (&self.tls, url.starts_with("https://")) {
+            (Some(_), false) => {
+                return Err("xds.tls: set, so xds.server_url must be https://".into())
+            }
+            (None, true) => {
+                return Err("xds.server_url: https:// needs xds.tls (at least ca_file)".into())
+            }
+            _ => {}
+        }
+        if let Some(tls) = &self.tls {
+            if tls.ca_file.is_none() {
+                return Err("xds.tls.ca_file: required to verify the management server".into());
+            }
         }
         if self.node_id.is_empty() {
             return Err("xds.node_id: must not be empty".into());
@@ -104,6 +113,7 @@ impl XdsConfig {
             backoff_initial: self.backoff_initial,
             backoff_max: self.backoff_max,
             max_message_bytes: self.max_message_bytes,
+            tls: self.tls.clone(),
         }
     }
 }
