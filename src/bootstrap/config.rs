@@ -19,6 +19,8 @@ pub struct ServerConfig {
     pub policy_dir: PathBuf,
     /// Policies from an xDS management server instead of `policy_dir`.
     pub xds: Option<super::xds::XdsConfig>,
+    /// TLS (mTLS with `client_ca_file`) on the gRPC listener.
+    pub tls: Option<super::grpc_tls::ListenerTlsConfig>,
     /// `memory` (default without a `redis` topology) or `redis`.
     pub backend: Option<BackendKind>,
     pub redis: RedisConfig,
@@ -67,6 +69,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             policy_dir: PathBuf::from("policies"),
             xds: None,
+            tls: None,
             backend: None,
             redis: RedisConfig::default(),
             memory: MemoryConfig::default(),

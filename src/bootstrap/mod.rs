@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod grpc_tls;
 mod json;
 pub use edgelimit_policy::duration;
 mod listener;

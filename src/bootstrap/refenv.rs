@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::config::{BackendKind, SecretSource, SentinelConfig, ServerConfig, TlsConfig};
+use super::grpc_tls::ListenerTlsConfig;
 use super::xds::XdsConfig;
 
 /// The variables naming the HMAC secret, the one addition to the reference's environment.
@@ -64,6 +65,9 @@ const HONOURED: &[&str] = &[
     "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
     "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
     "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
     "GRPC_UDS",
     "REDIS_PERSECOND",
 ];
@@ -248,10 +252,29 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
         });
     }
     if vars.flag("GRPC_SERVER_USE_TLS", false)? {
-        return Err(RefEnvError::Unsupported {
-            var: "GRPC_SERVER_USE_TLS",
-            problem:
-                "the gRPC listener has no TLS; terminate TLS in front of it (e.g. an Envoy sidecar)",
+        let file = |var: &'static str| {
+            vars.get(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .ok_or(RefEnvError::Unsupported {
+                    var,
+                    problem: "required with GRPC_SERVER_USE_TLS=true",
+                })
+        };
+        // Accepting any certificate of the CA when a SAN was asked for would widen access.
+        if vars
+            .get("GRPC_CLIENT_TLS_SAN")
+            .is_some_and(|v| !v.is_empty())
+        {
+            return Err(RefEnvError::Unsupported {
+                var: "GRPC_CLIENT_TLS_SAN",
+                problem: "client certificates are verified against GRPC_CLIENT_TLS_CACERT only; a SAN check is not supported yet",
+            });
+        }
+        c.tls = Some(ListenerTlsConfig {
+            cert_file: file("GRPC_SERVER_TLS_CERT")?,
+            key_file: file("GRPC_SERVER_TLS_KEY")?,
+            client_ca_file: file("GRPC_CLIENT_TLS_CACERT").ok(),
         });
     }
     match vars.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
@@ -666,6 +689,30 @@ mod tests {
             let e = env(&vars).unwrap_err().to_string();
             assert!(e.contains(var), "{var}: {e}");
         }
+    }
+
+    #[test]
+    fn grpc_server_tls_variables_map_onto_the_listener_tls() {
+        let r = env(&with(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+        ]))
+        .unwrap();
+        let tls = r.config.tls.unwrap();
+        assert_eq!(tls.cert_file, PathBuf::from("/certs/tls.crt"));
+        assert_eq!(tls.client_ca_file, Some(PathBuf::from("/certs/ca.crt")));
+        assert!(r.warning.is_none(), "{:?}", r.warning);
+        let san = env(&with(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(san.contains("GRPC_CLIENT_TLS_SAN"), "{san}");
     }
 
     #[test]

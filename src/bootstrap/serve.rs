@@ -212,6 +212,11 @@ async fn run<B: RateLimitPort>(
         ))),
     }
 
+    // Certificate problems stop the start, before anything listens.
+    let listener_tls = match &config.tls {
+        Some(tls) => Some(super::grpc_tls::server_config(tls)?),
+        None => None,
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -244,7 +249,12 @@ async fn run<B: RateLimitPort>(
             tracing::error!(%error, "admin listener failed");
         }
     }));
-    tracing::info!(%grpc_addr, %admin_addr, "serving Envoy RateLimitService and admin HTTP");
+    tracing::info!(
+        %grpc_addr,
+        %admin_addr,
+        tls = listener_tls.is_some(),
+        "serving Envoy RateLimitService and admin HTTP"
+    );
     if let Some(ready) = ready {
         let _ = ready.send(ServeHandle {
             grpc_addr,
@@ -262,16 +272,27 @@ async fn run<B: RateLimitPort>(
         .max_encoding_message_size(limits.max_response_bytes);
     let incoming = GuardedIncoming::new(listener, connection_limits(limits));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(rls)
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stopped.await;
-        });
+        .add_service(rls);
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    type ServerFuture<'a> =
+        std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send + 'a>>;
+    let server: ServerFuture<'_> = match listener_tls {
+        Some(tls) => {
+            let (incoming, handshakes) =
+                super::grpc_tls::incoming(incoming, tls, limits.handshake_timeout);
+            tasks.push(handshakes);
+            Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        None => Box::pin(router.serve_with_incoming_shutdown(incoming, stopped)),
+    };
     tokio::pin!(server);
     let result = tokio::select! {
         result = &mut server => result.context("gRPC server failed"),
