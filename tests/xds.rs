@@ -585,3 +585,134 @@ async fn mtls_to_the_management_server_verifies_both_ends() {
     );
     assert_eq!(current_limit(&server, &[("route", "a")]).await, Some(4));
 }
+
+/// The edgelimit binary in reference environment mode, killed when dropped.
+struct ReferenceMode {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl ReferenceMode {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ReferenceMode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Started the way Envoy Gateway starts the reference (its rate-limit Deployment's
+/// variables: xDS over mTLS from the gateway, TLS with a client CA on the gRPC listener,
+/// Redis, force start), plus the HMAC secret; Envoy's side is an mTLS gRPC client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateway_environment_serves_pushed_limits_over_mtls() {
+    use common::redis_server::RedisServer;
+    use edgelimit::bootstrap::config::TlsConfig;
+    use edgelimit::bootstrap::xds::tls::{client_config, connector};
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = Certs::generate(dir.path());
+    let xds_port = free_port();
+    let seen = Arc::new(Seen::default());
+    let (_publish, snapshots) = watch::channel::<Snapshot>((
+        "eg-1".into(),
+        vec![gateway_config(limit(RateLimitUnit::Minute, 2), vec![])],
+    ));
+    let _gateway = ManagementServer::start_with(
+        xds_port,
+        seen.clone(),
+        snapshots,
+        Some(mtls_server_config(&certs)),
+    );
+    let (grpc_port, http_port) = (free_port(), free_port());
+    let log = dir.path().join("server.log");
+    let out = std::fs::File::create(&log).expect("log");
+    let err = out.try_clone().expect("log");
+    let path = |p: &std::path::Path| p.display().to_string();
+    let env: Vec<(&str, String)> = vec![
+        ("RUNTIME_ROOT", path(&dir.path().join("data"))),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("RUNTIME_IGNOREDOTFILES", "true".into()),
+        ("RUNTIME_WATCH_ROOT", "false".into()),
+        ("LOG_LEVEL", "info".into()),
+        ("USE_STATSD", "false".into()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".into()),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("127.0.0.1:{xds_port}"),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", path(&certs.client_cert)),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", path(&certs.client_key)),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path(&certs.ca)),
+        ("GRPC_SERVER_USE_TLS", "true".into()),
+        ("GRPC_SERVER_TLS_CERT", path(&certs.server_cert)),
+        ("GRPC_SERVER_TLS_KEY", path(&certs.server_key)),
+        ("GRPC_CLIENT_TLS_CACERT", path(&certs.ca)),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", redis.addr()),
+        ("REDIS_TIMEOUT", "2s".into()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", grpc_port.to_string()),
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", http_port.to_string()),
+        ("EDGELIMIT_HMAC_SECRET", common::server::TEST_SECRET.into()),
+        ("NO_COLOR", "1".into()),
+    ];
+    let binary = std::env::var_os("EDGELIMIT_TEST_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_edgelimit")));
+    let child = std::process::Command::new(binary)
+        .env_clear()
+        .args(["serve", "--reference-env"])
+        .envs(env)
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("spawn edgelimit");
+    let server = ReferenceMode { child, log };
+    assert!(
+        wait_until(BOUND, || seen.acked("eg-1")),
+        "ACKed over mTLS:\n{}",
+        server.log_text()
+    );
+    assert_eq!(
+        seen.requests()[0].node.as_ref().map(|n| n.id.as_str()),
+        Some("envoy-ratelimit")
+    );
+
+    // Not a TCP probe: connecting to a port not yet bound can connect to itself.
+    assert!(wait_until(BOUND, || server
+        .log_text()
+        .contains("serving Envoy RateLimitService")));
+    let tls = TlsConfig {
+        ca_file: Some(certs.ca.clone()),
+        cert_file: Some(certs.client_cert.clone()),
+        key_file: Some(certs.client_key.clone()),
+    };
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://127.0.0.1:{grpc_port}"))
+        .expect("endpoint")
+        .connect_with_connector(connector(client_config(&tls).expect("client tls")))
+        .await
+        .unwrap_or_else(|e| panic!("connect over mTLS: {e}\n{}", server.log_text()));
+    let mut envoy = RateLimitServiceClient::new(channel);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let r = call(
+            &mut envoy,
+            request("gw", vec![descriptor(&[("route", "a")])]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("ShouldRateLimit: {e}\n{}", server.log_text()));
+        got.push(r.overall_code);
+    }
+    assert_eq!(got, [OK, OK, OVER_LIMIT], "{}", server.log_text());
+}
