@@ -112,3 +112,77 @@ async fn tls_without_client_ca_serves_any_client_over_tls() {
         server.log_text()
     );
 }
+
+/// Replaces `to` with `from`'s content atomically (write aside, rename), as a secret update.
+fn replace_file(from: &Path, to: &Path) {
+    let tmp = to.with_extension("tmp");
+    std::fs::copy(from, &tmp).expect("copy");
+    std::fs::rename(&tmp, to).expect("rename");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_served_to_new_connections_without_dropping_old_ones() {
+    let dir = tempfile::tempdir().expect("cert dir");
+    let old = Certs::generate(&mkdir(dir.path().join("old")));
+    let new = Certs::generate(&mkdir(dir.path().join("new")));
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    replace_file(&old.server_cert, &cert);
+    replace_file(&old.server_key, &key);
+    let server = EdgelimitServer::start(ServerOptions::memory(&[("tls.yaml", POLICY)]).extra(
+        &format!(
+            "tls:\n  cert_file: {}\n  key_file: {}\n",
+            cert.display(),
+            key.display()
+        ),
+    ));
+    assert_eq!(
+        ask_tls(&server, &old.ca, None).await,
+        Ok(OK),
+        "{}",
+        server.log_text()
+    );
+    // An established connection from before the rotation.
+    let tls = TlsConfig {
+        ca_file: Some(old.ca.clone()),
+        cert_file: None,
+        key_file: None,
+    };
+    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", server.grpc_port))
+        .expect("endpoint")
+        .connect_with_connector(connector(client_config(&tls).expect("tls")))
+        .await
+        .expect("connect");
+    let mut established = RateLimitServiceClient::new(channel);
+
+    replace_file(&new.server_cert, &cert);
+    replace_file(&new.server_key, &key);
+    let mut rotated = false;
+    for _ in 0..100 {
+        if ask_tls(&server, &new.ca, None).await == Ok(OK) {
+            rotated = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(rotated, "new certificate served:\n{}", server.log_text());
+    assert!(
+        ask_tls(&server, &old.ca, None).await.is_err(),
+        "the old certificate is no longer served"
+    );
+    let answer = call(
+        &mut established,
+        request("tls", vec![descriptor(&[("k", "v")])]),
+    )
+    .await
+    .map(|r| r.overall_code);
+    assert_eq!(
+        answer.ok(),
+        Some(OK),
+        "the established connection survived the rotation"
+    );
+}
+
+fn mkdir(path: std::path::PathBuf) -> std::path::PathBuf {
+    std::fs::create_dir_all(&path).expect("mkdir");
+    path
+}

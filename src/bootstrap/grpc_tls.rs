@@ -9,8 +9,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
@@ -58,37 +61,120 @@ fn chain(field: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>
     Ok(certs)
 }
 
-/// The rustls server configuration; every file problem names the field and the file.
-pub fn server_config(tls: &ListenerTlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsFileError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| file_error("cert_file", &tls.cert_file, e))?;
-    let builder = match &tls.client_ca_file {
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in chain("client_ca_file", ca)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| file_error("client_ca_file", ca, e))?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider,
-            )
-            .build()
-            .map_err(|e| file_error("client_ca_file", ca, e))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
+/// How often the certificate and key files are checked for a rotation.
+const ROTATION_CHECK: Duration = Duration::from_secs(1);
+
+/// The certificate new handshakes get; swapped whole when the files change, so established
+/// connections keep theirs and are not dropped.
+#[derive(Debug)]
+struct RotatingCert {
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl ResolvesServerCert for RotatingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// The listener's TLS: the rustls configuration and the certificate it rotates.
+pub struct ListenerTls {
+    pub config: Arc<rustls::ServerConfig>,
+    cert: Arc<RotatingCert>,
+    files: ListenerTlsConfig,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+fn certified_key(
+    tls: &ListenerTlsConfig,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<CertifiedKey, TlsFileError> {
     let key = PrivateKeyDer::from_pem_file(&tls.key_file)
         .map_err(|e| file_error("key_file", &tls.key_file, e))?;
-    let mut config = builder
-        .with_single_cert(chain("cert_file", &tls.cert_file)?, key)
-        .map_err(|e| file_error("key_file", &tls.key_file, e))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+    CertifiedKey::from_der(chain("cert_file", &tls.cert_file)?, key, provider)
+        .map_err(|e| file_error("key_file", &tls.key_file, e))
+}
+
+/// Modification time and length of both files: what a rotation changes (Kubernetes swaps a
+/// symlink; metadata follows it).
+fn stamp(tls: &ListenerTlsConfig) -> Option<[(std::time::SystemTime, u64); 2]> {
+    let one = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| Ok((m.modified()?, m.len())))
+            .ok()
+    };
+    Some([one(&tls.cert_file)?, one(&tls.key_file)?])
+}
+
+impl ListenerTls {
+    /// Loads the files; every problem names the field and the file.
+    pub fn load(tls: &ListenerTlsConfig) -> Result<Self, TlsFileError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| file_error("cert_file", &tls.cert_file, e))?;
+        let builder = match &tls.client_ca_file {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in chain("client_ca_file", ca)? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| file_error("client_ca_file", ca, e))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider.clone(),
+                )
+                .build()
+                .map_err(|e| file_error("client_ca_file", ca, e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let cert = Arc::new(RotatingCert {
+            current: ArcSwap::from_pointee(certified_key(tls, &provider)?),
+        });
+        let mut config = builder.with_cert_resolver(cert.clone());
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Self {
+            config: Arc::new(config),
+            cert,
+            files: tls.clone(),
+            provider,
+        })
+    }
+
+    /// Polls the certificate and key files and serves a changed pair to new handshakes; an
+    /// invalid pair (e.g. caught half-written) is logged and the current one kept.
+    pub fn spawn_rotation(&self) -> tokio::task::JoinHandle<()> {
+        let (cert, files, provider) =
+            (self.cert.clone(), self.files.clone(), self.provider.clone());
+        tokio::spawn(async move {
+            let mut last = stamp(&files);
+            let mut ticks = tokio::time::interval(ROTATION_CHECK);
+            loop {
+                ticks.tick().await;
+                let now = stamp(&files);
+                if now == last {
+                    continue;
+                }
+                match certified_key(&files, &provider) {
+                    Ok(key) => {
+                        cert.current.store(Arc::new(key));
+                        last = now;
+                        tracing::info!(
+                            cert = %files.cert_file.display(),
+                            "gRPC listener certificate reloaded"
+                        );
+                    }
+                    Err(error) => tracing::warn!(
+                        %error,
+                        "gRPC listener certificate not reloaded; still serving the previous one"
+                    ),
+                }
+            }
+        })
+    }
 }
 
 /// A TLS connection on the gRPC listener (still holding its connection slot).

@@ -214,7 +214,7 @@ async fn run<B: RateLimitPort>(
 
     // Certificate problems stop the start, before anything listens.
     let listener_tls = match &config.tls {
-        Some(tls) => Some(super::grpc_tls::server_config(tls)?),
+        Some(tls) => Some(super::grpc_tls::ListenerTls::load(tls)?),
         None => None,
     };
     let listener = TcpListener::bind(config.listen)
@@ -286,8 +286,9 @@ async fn run<B: RateLimitPort>(
         std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send + 'a>>;
     let server: ServerFuture<'_> = match listener_tls {
         Some(tls) => {
+            tasks.push(tls.spawn_rotation());
             let (incoming, handshakes) =
-                super::grpc_tls::incoming(incoming, tls, limits.handshake_timeout);
+                super::grpc_tls::incoming(incoming, tls.config, limits.handshake_timeout);
             tasks.push(handshakes);
             Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
         }
