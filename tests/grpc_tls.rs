@@ -90,8 +90,17 @@ async fn mtls_listener_serves_trusted_clients_only() {
         "untrusted server refused"
     );
 
-    // The listener still serves trusted clients after the refusals.
+    // The listener still serves trusted clients after the refusals, which are counted.
     assert_eq!(ask_tls(&server, &certs.ca, identity).await, Ok(OK));
+    let refused = common::server::metric(
+        &server.metrics(),
+        "edgelimit_grpc_tls_handshake_failures_total",
+        &[("reason", "refused")],
+    );
+    assert!(
+        refused.is_some_and(|n| n >= 2.0),
+        "refused handshakes counted: {refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

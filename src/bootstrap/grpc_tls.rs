@@ -227,6 +227,10 @@ pub fn incoming(
     tokio_stream::wrappers::ReceiverStream<io::Result<TlsConnection>>,
     tokio::task::JoinHandle<()>,
 ) {
+    for reason in ["refused", "timeout"] {
+        metrics::counter!(edgelimit_metrics::GRPC_TLS_HANDSHAKE_FAILURES, "reason" => reason)
+            .increment(0);
+    }
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     // Bounded: connections beyond it wait in their handshake task, each holding a slot.
     let (tx, rx) = mpsc::channel(64);
@@ -248,11 +252,22 @@ pub fn incoming(
                     Ok(Ok(tls)) => {
                         let _ = tx.send(Ok(TlsConnection(tls))).await;
                     }
-                    Ok(Err(error)) => tracing::debug!(%error, "gRPC TLS handshake failed"),
-                    Err(_) => tracing::debug!("gRPC TLS handshake timed out"),
+                    Ok(Err(error)) => {
+                        refused("refused");
+                        tracing::debug!(%error, "gRPC TLS handshake failed");
+                    }
+                    Err(_) => {
+                        refused("timeout");
+                        tracing::debug!("gRPC TLS handshake timed out");
+                    }
                 }
             });
         }
     });
     (tokio_stream::wrappers::ReceiverStream::new(rx), task)
+}
+
+fn refused(reason: &'static str) {
+    metrics::counter!(edgelimit_metrics::GRPC_TLS_HANDSHAKE_FAILURES, "reason" => reason)
+        .increment(1);
 }
