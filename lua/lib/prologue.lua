@@ -73,18 +73,21 @@ end
 
 -- What `key` holds for this algorithm and policy: 'absent', 'present' with the decoded state,
 -- or 'incompatible' (another type, schema, algorithm, policy or revision, a malformed field).
--- One HMGET in the common case: a key of another type answers WRONGTYPE (caught), and only
--- when no field is there does EXISTS tell an absent key from a hash of someone else's fields.
+-- One HGETALL whatever the key holds: empty for an absent key, WRONGTYPE (caught) for another
+-- type, and the hash's few fields otherwise — a new subject costs no second call to tell an
+-- absent key from a hash of someone else's fields.
 local function load(key, algo, c, p)
-  local s = redis.pcall('HMGET', key, 'v', 'a', 'p', 'r', unpack(algo.fields))
-  if s.err then return 'incompatible' end
-  if not s[1] and not s[2] and not s[3] and not s[4] and not s[5] then
-    if redis.call('EXISTS', key) == 0 then return 'absent' end
+  local all = redis.pcall('HGETALL', key)
+  if all.err then return 'incompatible' end
+  if #all == 0 then return 'absent' end
+  local h = {}
+  for i = 1, #all, 2 do h[all[i]] = all[i + 1] end
+  if h.v ~= SCHEMA or h.a ~= algo.name or h.p ~= c.policy or h.r ~= c.revision then
     return 'incompatible'
   end
-  if s[1] ~= SCHEMA or s[2] ~= algo.name or s[3] ~= c.policy or s[4] ~= c.revision then
-    return 'incompatible'
-  end
+  -- The layout the algorithms decode: the header, then their fields in order.
+  local s = { h.v, h.a, h.p, h.r }
+  for i, field in ipairs(algo.fields) do s[4 + i] = h[field] end
   local st = algo.decode(s, p)
   if not st then return 'incompatible' end
   return 'present', st

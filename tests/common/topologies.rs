@@ -494,7 +494,7 @@ impl Certs {
 pub const ACL_USER: &str = "edgelimit";
 /// What edgelimit needs and nothing more: connection set-up, the scripts, and the commands
 /// the scripts call, on its own keys only.
-pub const ACL_RULES: &str = "~edgelimit:* resetchannels -@all +ping +auth +hello +client|setname +eval +evalsha +script|load +time +exists +hmget +hset +pexpire";
+pub const ACL_RULES: &str = "~edgelimit:* resetchannels -@all +ping +auth +hello +client|setname +eval +evalsha +script|load +time +hgetall +hset +pexpire";
 
 /// A TLS-only Redis (`port 0`) requiring client certificates, whose default user is off and
 /// whose `edgelimit` user may only run what edgelimit needs on `edgelimit:*` keys.
