@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::memory::MemoryBackend;
 use crate::policy::PolicySet;
@@ -18,6 +18,9 @@ use crate::redis::RedisBackend;
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
+
+/// Buckets of the batch-size histogram: requests per batch call, up to `redis::MAX_BATCH`.
+pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
@@ -34,6 +37,11 @@ pub fn install() -> Result<PrometheusHandle, TelemetryError> {
         .get_or_init(|| {
             let handle = PrometheusBuilder::new()
                 .set_buckets(LATENCY_BUCKETS)
+                .map_err(|e| e.to_string())?
+                .set_buckets_for_metric(
+                    Matcher::Full(edgelimit_metrics::REDIS_BATCH_REQUESTS.to_owned()),
+                    BATCH_BUCKETS,
+                )
                 .map_err(|e| e.to_string())?
                 .install_recorder()
                 .map_err(|e| e.to_string())?;
