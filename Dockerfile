@@ -21,6 +21,9 @@ FROM debian:bookworm-slim
 RUN groupadd --system --gid 10001 edgelimit \
  && useradd --system --uid 10001 --gid edgelimit --no-create-home --shell /usr/sbin/nologin edgelimit
 COPY --from=build /src/target/release/edgelimit /usr/local/bin/edgelimit
+# Started as /bin/ratelimit (the reference's command, as Envoy Gateway and the reference's
+# manifests run it), edgelimit configures itself from the reference's environment variables.
+RUN ln -s /usr/local/bin/edgelimit /bin/ratelimit
 # Example policies; mount your own directory (or a ConfigMap) over it. Reloads are automatic.
 COPY policies /etc/edgelimit/policies
 WORKDIR /etc/edgelimit
