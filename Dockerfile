@@ -32,5 +32,7 @@ USER 10001:10001
 EXPOSE 8081 9090
 # SIGTERM drains in-flight requests (config `shutdown_grace`) and exits 0.
 STOPSIGNAL SIGTERM
+# No arguments: the default policy_dir, `policies`, is /etc/edgelimit/policies from this WORKDIR,
+# and an argument here would override the directory reference environment mode derives from
+# RUNTIME_ROOT.
 ENTRYPOINT ["edgelimit", "serve"]
-CMD ["--policy-dir", "/etc/edgelimit/policies"]
