@@ -41,8 +41,8 @@ async fn limiter(redis: &RedisServer) -> RateLimiter<RedisBackend> {
     )
 }
 
-/// Asks once with `deadline_ms`; returns the overall code and whether it came in time.
-async fn ask(limiter: &RateLimiter<RedisBackend>, deadline_ms: u64) -> (i32, Duration) {
+/// Asks once with `deadline_ms`; returns the overall code and how long the answer took.
+async fn ask_once(limiter: &RateLimiter<RedisBackend>, deadline_ms: u64) -> (i32, Duration) {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(deadline_ms);
     let response = limiter
@@ -50,6 +50,22 @@ async fn ask(limiter: &RateLimiter<RedisBackend>, deadline_ms: u64) -> (i32, Dur
         .await
         .expect("answered");
     (response.overall_code, started.elapsed())
+}
+
+/// Asks with `deadline_ms` until an answer arrives within it, at most three times, and returns
+/// the last attempt. What is under test is the server's budget (the deadline less the margin,
+/// never past it); on a machine whose cores are shared with other builds, the test's own
+/// thread can be descheduled for longer than the 2 ms margin once, which says nothing about
+/// the budget, while a budget past the deadline fails every attempt.
+async fn ask(limiter: &RateLimiter<RedisBackend>, deadline_ms: u64) -> (i32, Duration) {
+    let mut answer = ask_once(limiter, deadline_ms).await;
+    for _ in 1..3 {
+        if answer.1 < Duration::from_millis(deadline_ms) {
+            break;
+        }
+        answer = ask_once(limiter, deadline_ms).await;
+    }
+    answer
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
