@@ -21,6 +21,9 @@ FROM debian:bookworm-slim
 RUN groupadd --system --gid 10001 edgelimit \
  && useradd --system --uid 10001 --gid edgelimit --no-create-home --shell /usr/sbin/nologin edgelimit
 COPY --from=build /src/target/release/edgelimit /usr/local/bin/edgelimit
+# Started as /bin/ratelimit (the reference's command, as Envoy Gateway and the reference's
+# manifests run it), edgelimit configures itself from the reference's environment variables.
+RUN ln -s /usr/local/bin/edgelimit /bin/ratelimit
 # Example policies; mount your own directory (or a ConfigMap) over it. Reloads are automatic.
 COPY policies /etc/edgelimit/policies
 WORKDIR /etc/edgelimit
@@ -29,5 +32,7 @@ USER 10001:10001
 EXPOSE 8081 9090
 # SIGTERM drains in-flight requests (config `shutdown_grace`) and exits 0.
 STOPSIGNAL SIGTERM
+# No arguments: the default policy_dir, `policies`, is /etc/edgelimit/policies from this WORKDIR,
+# and an argument here would override the directory reference environment mode derives from
+# RUNTIME_ROOT.
 ENTRYPOINT ["edgelimit", "serve"]
-CMD ["--policy-dir", "/etc/edgelimit/policies"]

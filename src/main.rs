@@ -231,8 +231,23 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + 
     })
 }
 
+/// Whether the binary was started under the reference's name (`/bin/ratelimit`, as Envoy
+/// Gateway and the reference's manifests run it): then it configures itself from the
+/// reference's environment, as `serve --reference-env` does, and takes no arguments.
+fn invoked_as_reference() -> bool {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n == "ratelimit"))
+        .unwrap_or(false)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = if invoked_as_reference() {
+        Cli::parse_from(["edgelimit", "serve", "--reference-env"])
+    } else {
+        Cli::parse()
+    };
     match cli.command {
         Command::Check { dir, config } => check(dir, config),
         Command::Explain {

@@ -430,3 +430,36 @@ fn the_secret_is_the_one_addition_and_unhonourable_settings_are_refused() {
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("REDIS_SOCKET_TYPE"), "{out}");
 }
+
+/// Started under the reference's name (`/bin/ratelimit` in the image), the binary is in the
+/// reference environment mode without any argument: it asks for the one addition.
+#[test]
+fn started_as_ratelimit_it_reads_the_reference_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(binary(), &link).unwrap();
+    let out = dir.path().join("out");
+    let file = std::fs::File::create(&out).unwrap();
+    let mut child = Command::new(&link)
+        .env_clear()
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", "127.0.0.1:1")
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("one addition") && text.contains("EDGELIMIT_HMAC_SECRET"),
+        "{text}"
+    );
+}

@@ -17,6 +17,10 @@ pub struct ServerConfig {
     /// HTTP listener for `/metrics`, `/healthz`, `/readyz` and `/admin/policies`.
     pub admin_listen: SocketAddr,
     pub policy_dir: PathBuf,
+    /// Policies from an xDS management server instead of `policy_dir`.
+    pub xds: Option<super::xds::XdsConfig>,
+    /// TLS (mTLS with `client_ca_file`) on the gRPC listener.
+    pub tls: Option<super::grpc_tls::ListenerTlsConfig>,
     /// `memory` (default without a `redis` topology) or `redis`.
     pub backend: Option<BackendKind>,
     pub redis: RedisConfig,
@@ -64,6 +68,8 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 8081)),
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             policy_dir: PathBuf::from("policies"),
+            xds: None,
+            tls: None,
             backend: None,
             redis: RedisConfig::default(),
             memory: MemoryConfig::default(),
@@ -646,6 +652,9 @@ impl ServerConfig {
         let config: Self =
             serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())?;
         config.limits.validate()?;
+        if let Some(xds) = &config.xds {
+            xds.validate()?;
+        }
         config.headers.reference_names.validate()?;
         if config.deny_cache.enabled && config.deny_cache.max_entries == 0 {
             return Err(

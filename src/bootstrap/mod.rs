@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod grpc_tls;
 mod json;
 pub use edgelimit_policy::duration;
 mod listener;
@@ -15,6 +16,7 @@ pub mod secret;
 mod serve;
 pub mod telemetry;
 pub mod top;
+pub mod xds;
 
 pub use config::{BackendKind, ServerConfig};
 pub use serve::{load_options, load_policies, serve, ServeHandle};

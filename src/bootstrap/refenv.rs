@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::config::{BackendKind, SecretSource, SentinelConfig, ServerConfig, TlsConfig};
+use super::grpc_tls::ListenerTlsConfig;
+use super::xds::XdsConfig;
 
 /// The variables naming the HMAC secret, the one addition to the reference's environment.
 pub const SECRET_FILE_VAR: &str = "EDGELIMIT_HMAC_SECRET_FILE";
@@ -52,7 +54,20 @@ const HONOURED: &[&str] = &[
     "MERGE_DOMAIN_CONFIG",
     "LOCAL_CACHE_SIZE_IN_BYTES",
     "CONFIG_TYPE",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
     "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
     "GRPC_UDS",
     "REDIS_PERSECOND",
 ];
@@ -88,7 +103,9 @@ const MEANINGLESS: &[(&str, &str)] = &[
     ("RESPONSE_DYNAMIC_METADATA", "dynamic metadata is not returned"),
     ("GRPC_MAX_CONNECTION_AGE", "connections are bounded by limits.max_connections and keepalives"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "connections are bounded by limits.max_connections and keepalives"),
-    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "there is no xDS configuration source"),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "back-off doubles without jitter"),
+    ("XDS_CLIENT_BACKOFF_JITTER", "back-off doubles without jitter"),
+    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "reconnects follow XDS_CLIENT_BACKOFF_*"),
     ("TRACING_ENABLED", "no tracing exporter"),
     ("TRACING_SERVICE_NAME", "no tracing exporter"),
     ("TRACING_SERVICE_NAMESPACE", "no tracing exporter"),
@@ -235,19 +252,40 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
         });
     }
     if vars.flag("GRPC_SERVER_USE_TLS", false)? {
-        return Err(RefEnvError::Unsupported {
-            var: "GRPC_SERVER_USE_TLS",
-            problem:
-                "the gRPC listener has no TLS; terminate TLS in front of it (e.g. an Envoy sidecar)",
+        let file = |var: &'static str| {
+            vars.get(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .ok_or(RefEnvError::Unsupported {
+                    var,
+                    problem: "required with GRPC_SERVER_USE_TLS=true",
+                })
+        };
+        // Accepting any certificate of the CA when a SAN was asked for would widen access.
+        if vars
+            .get("GRPC_CLIENT_TLS_SAN")
+            .is_some_and(|v| !v.is_empty())
+        {
+            return Err(RefEnvError::Unsupported {
+                var: "GRPC_CLIENT_TLS_SAN",
+                problem: "client certificates are verified against GRPC_CLIENT_TLS_CACERT only; a SAN check is not supported yet",
+            });
+        }
+        c.tls = Some(ListenerTlsConfig {
+            cert_file: file("GRPC_SERVER_TLS_CERT")?,
+            key_file: file("GRPC_SERVER_TLS_KEY")?,
+            client_ca_file: file("GRPC_CLIENT_TLS_CACERT").ok(),
         });
     }
     match vars.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
         "FILE" => {}
-        _ => {
-            return Err(RefEnvError::Unsupported {
-                var: "CONFIG_TYPE",
-                problem: "only FILE is supported (no xDS configuration source)",
-            })
+        "GRPC_XDS_SOTW" => c.xds = Some(xds(&vars)?),
+        other => {
+            return Err(Vars::invalid(
+                "CONFIG_TYPE",
+                other,
+                "expected FILE or GRPC_XDS_SOTW",
+            ))
         }
     }
 
@@ -368,6 +406,65 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
         )
     });
     Ok(RefEnv { config: c, warning })
+}
+
+/// `CONFIG_TYPE=GRPC_XDS_SOTW`: the management server, as Envoy Gateway sets it.
+fn xds(vars: &Vars) -> Result<XdsConfig, RefEnvError> {
+    let use_tls = vars.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)?;
+    // The reference takes `host:port` (gRPC's target syntax); a URL is accepted as well.
+    let url = vars.or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000");
+    let url = if url.contains("://") {
+        url.to_owned()
+    } else if use_tls {
+        format!("https://{url}")
+    } else {
+        format!("http://{url}")
+    };
+    let mut x = XdsConfig::new(
+        url,
+        vars.or("CONFIG_GRPC_XDS_NODE_ID", "default").to_owned(),
+    );
+    if use_tls {
+        let file = |var: &str| vars.get(var).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let tls = TlsConfig {
+            ca_file: file("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+            cert_file: file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            key_file: file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        };
+        if tls.ca_file.is_none() {
+            return Err(RefEnvError::Unsupported {
+                var: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+                problem: "required with CONFIG_GRPC_XDS_SERVER_USE_TLS=true (the management server is verified against it; system roots are not used)",
+            });
+        }
+        x.tls = Some(tls);
+    }
+    x.force_start_without_initial_config =
+        vars.flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?;
+    // The reference's defaults: 10 s, doubling up to 60 s.
+    x.backoff_initial = Duration::from_secs(10);
+    x.backoff_max = Duration::from_secs(60);
+    if let Some(v) = vars.get("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL") {
+        x.backoff_initial = go_duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", v)?;
+    }
+    if let Some(v) = vars.get("XDS_CLIENT_BACKOFF_MAX_INTERVAL") {
+        x.backoff_max = go_duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", v)?;
+    }
+    if let Some(v) = vars
+        .get("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
+        .filter(|v| !v.is_empty())
+    {
+        x.max_message_bytes = v.parse().map_err(|_| {
+            Vars::invalid(
+                "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+                v,
+                "expected a number of bytes",
+            )
+        })?;
+    }
+    x.validate()
+        .map_err(|problem| Vars::invalid("CONFIG_GRPC_XDS_SERVER_URL", &x.server_url, problem))?;
+    Ok(x)
 }
 
 fn redis(vars: &Vars, c: &mut ServerConfig) -> Result<(), RefEnvError> {
@@ -578,7 +675,7 @@ mod tests {
         assert!(RefEnvError::NoSecret.to_string().contains("one addition"));
         for (var, value) in [
             ("GRPC_SERVER_USE_TLS", "true"),
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
             ("REDIS_SOCKET_TYPE", "unix"),
             ("REDIS_TYPE", "ring"),
             ("SHADOW_MODE", "yes"),
@@ -592,5 +689,80 @@ mod tests {
             let e = env(&vars).unwrap_err().to_string();
             assert!(e.contains(var), "{var}: {e}");
         }
+    }
+
+    #[test]
+    fn grpc_server_tls_variables_map_onto_the_listener_tls() {
+        let r = env(&with(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+        ]))
+        .unwrap();
+        let tls = r.config.tls.unwrap();
+        assert_eq!(tls.cert_file, PathBuf::from("/certs/tls.crt"));
+        assert_eq!(tls.client_ca_file, Some(PathBuf::from("/certs/ca.crt")));
+        assert!(r.warning.is_none(), "{:?}", r.warning);
+        let san = env(&with(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(san.contains("GRPC_CLIENT_TLS_SAN"), "{san}");
+    }
+
+    #[test]
+    fn envoy_gateway_variables_select_the_xds_source() {
+        let r = env(&with(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "250ms"),
+        ]))
+        .unwrap();
+        let x = r.config.xds.unwrap();
+        assert_eq!(x.server_url, "http://envoy-gateway:18001");
+        assert_eq!(x.node_id, "envoy-ratelimit");
+        assert!(x.force_start_without_initial_config);
+        assert_eq!(x.backoff_initial, Duration::from_millis(250));
+        assert_eq!(x.backoff_max, Duration::from_secs(60));
+        assert!(r.warning.is_none(), "{:?}", r.warning);
+        let defaults = env(&with(&[("CONFIG_TYPE", "grpc_xds_sotw")])).unwrap();
+        let x = defaults.config.xds.unwrap();
+        assert_eq!(
+            (x.server_url.as_str(), x.node_id.as_str()),
+            ("http://localhost:18000", "default")
+        );
+        assert!(!x.force_start_without_initial_config);
+        let no_ca = env(&with(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            no_ca.contains("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+            "{no_ca}"
+        );
+        let r = env(&with(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ]))
+        .unwrap();
+        let x = r.config.xds.unwrap();
+        assert_eq!(x.server_url, "https://envoy-gateway:18001");
+        let tls = x.tls.unwrap();
+        assert_eq!(tls.ca_file, Some(PathBuf::from("/certs/ca.crt")));
+        assert_eq!(tls.key_file, Some(PathBuf::from("/certs/tls.key")));
+        assert!(r.warning.is_none(), "{:?}", r.warning);
     }
 }

@@ -94,14 +94,22 @@ pub async fn serve(
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,
 ) -> anyhow::Result<()> {
     let metrics = telemetry::install()?;
-    let policies = load_policies(&config)?;
+    let policies = match &config.xds {
+        // Empty until the management server's first snapshot.
+        Some(_) => PolicySet::from_sources(Vec::new(), &load_options(&config))
+            .map_err(|errors| anyhow::anyhow!("policy options are invalid:\n{errors}"))?,
+        None => {
+            let policies = load_policies(&config)?;
+            tracing::info!(
+                dir = %config.policy_dir.display(),
+                revision = %crate::contract::Revision(policies.revision()),
+                domains = policies.domains().count(),
+                "policies loaded"
+            );
+            policies
+        }
+    };
     telemetry::record_loaded(&policies);
-    tracing::info!(
-        dir = %config.policy_dir.display(),
-        revision = %crate::contract::Revision(policies.revision()),
-        domains = policies.domains().count(),
-        "policies loaded"
-    );
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
         BackendKind::Memory => {
@@ -193,12 +201,22 @@ async fn run<B: RateLimitPort>(
         health_reporter.clone(),
     )));
     tasks.push(telemetry::spawn_upkeep(ops.metrics.clone()));
-    tasks.push(reload::spawn(Reloader::new(
-        config.policy_dir.clone(),
-        load_options(&config),
-        policies.clone(),
-    )));
+    match &config.xds {
+        Some(xds) => {
+            tasks.push(super::xds::start(xds, load_options(&config), policies.clone()).await)
+        }
+        None => tasks.push(reload::spawn(Reloader::new(
+            config.policy_dir.clone(),
+            load_options(&config),
+            policies.clone(),
+        ))),
+    }
 
+    // Certificate problems stop the start, before anything listens.
+    let listener_tls = match &config.tls {
+        Some(tls) => Some(super::grpc_tls::ListenerTls::load(tls)?),
+        None => None,
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -231,7 +249,12 @@ async fn run<B: RateLimitPort>(
             tracing::error!(%error, "admin listener failed");
         }
     }));
-    tracing::info!(%grpc_addr, %admin_addr, "serving Envoy RateLimitService and admin HTTP");
+    tracing::info!(
+        %grpc_addr,
+        %admin_addr,
+        tls = listener_tls.is_some(),
+        "serving Envoy RateLimitService and admin HTTP"
+    );
     if let Some(ready) = ready {
         let _ = ready.send(ServeHandle {
             grpc_addr,
@@ -249,16 +272,28 @@ async fn run<B: RateLimitPort>(
         .max_encoding_message_size(limits.max_response_bytes);
     let incoming = GuardedIncoming::new(listener, connection_limits(limits));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(rls)
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stopped.await;
-        });
+        .add_service(rls);
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    type ServerFuture<'a> =
+        std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send + 'a>>;
+    let server: ServerFuture<'_> = match listener_tls {
+        Some(tls) => {
+            tasks.push(tls.spawn_rotation());
+            let (incoming, handshakes) =
+                super::grpc_tls::incoming(incoming, tls.config, limits.handshake_timeout);
+            tasks.push(handshakes);
+            Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        None => Box::pin(router.serve_with_incoming_shutdown(incoming, stopped)),
+    };
     tokio::pin!(server);
     let result = tokio::select! {
         result = &mut server => result.context("gRPC server failed"),

@@ -72,6 +72,8 @@ catalogue! {
         "Connections closed at accept because limits.max_connections were open";
     GRPC_HANDSHAKE_TIMEOUTS = "edgelimit_grpc_handshake_timeouts_total", Counter, None,
         "Connections closed for sending no HTTP/2 preface within limits.handshake_timeout";
+    GRPC_TLS_HANDSHAKE_FAILURES = "edgelimit_grpc_tls_handshake_failures_total", Counter, None,
+        "TLS connections to the gRPC listener refused during the handshake, by reason";
     CONFIG_RELOADS = "edgelimit_config_reloads_total", Counter, None,
         "Policy reload attempts by result";
     CONFIG_REVISION = "edgelimit_config_revision", Gauge, None,
