@@ -33,9 +33,9 @@ fn well_shaped(value: &Value) -> bool {
     };
     fields.len() == 7
         && matches!(fields[0], Value::BulkString(_) | Value::SimpleString(_))
-        && fields[1..].iter().all(
-            |f| matches!(f, Value::Int(n) if (0..=MAX_EXACT_INTEGER as i64).contains(n)),
-        )
+        && fields[1..]
+            .iter()
+            .all(|f| matches!(f, Value::Int(n) if (0..=MAX_EXACT_INTEGER as i64).contains(n)))
 }
 
 fn check_one(value: &Value, policy: &RateLimitPolicy, limit: u64) {
