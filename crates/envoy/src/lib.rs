@@ -20,4 +20,4 @@ pub use headers::{HeaderFacts, HeaderSettings, ReferenceHeaderNames};
 pub use limiter::RateLimiter;
 pub use service::RateLimitServer;
 pub use settings::{FailureMode, ServiceSettings};
-pub use translate::{RequestBounds, RequestError};
+pub use translate::{plan_checks, RequestBounds, RequestError};

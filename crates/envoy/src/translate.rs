@@ -277,6 +277,25 @@ pub(crate) fn plan<'p>(
     })
 }
 
+/// Validates `request` and plans it against `policies` as the service does, up to the checks
+/// it would hand the backend, and returns how many. No backend and no I/O: the entry the
+/// `rls_request` fuzz target drives, so the fuzzed path is the served one.
+pub fn plan_checks(
+    policies: &PolicySet,
+    request: &RateLimitRequest,
+    bounds: &RequestBounds,
+    hasher: &SubjectHasher,
+) -> Result<usize, RequestError> {
+    validate(request, bounds)?;
+    let hashers = Hashers {
+        current: hasher,
+        previous: None,
+    };
+    let plan = plan(policies, request, &hashers, Modes::default())?;
+    let (checks, _) = plan.checks()?;
+    Ok(checks.len())
+}
+
 /// The subject digests of a descriptor; `share_threshold` levels of its rule contribute
 /// their wildcard pattern instead of the value, so all matching values share a counter.
 fn digests(
