@@ -128,20 +128,7 @@ impl Programs {
             inv.key(*key);
         }
         inv.arg("1").arg(mode.as_str()).arg(checks.len()).arg("");
-        for c in checks {
-            let index = keys.iter().position(|k| k == &c.key).unwrap() + 1;
-            let letter = match c.policy.algorithm() {
-                edgelimit::contract::Algorithm::FixedWindow => "f",
-                edgelimit::contract::Algorithm::SlidingWindow => "s",
-                edgelimit::contract::Algorithm::TokenBucket => "t",
-            };
-            inv.arg(index)
-                .arg(letter)
-                .arg(if c.shadow { "1" } else { "0" });
-            for a in edgelimit::redis::program_args(c.policy, c.cost) {
-                inv.arg(a);
-            }
-        }
+        check_args(&mut inv, checks, &keys);
         let Value::Array(replies) = inv.invoke::<Value>(&mut self.con).unwrap() else {
             panic!("composite reply is not an array")
         };
@@ -167,20 +154,7 @@ impl Programs {
                 .arg(mode.as_str())
                 .arg(checks.len())
                 .arg("");
-            for c in checks {
-                let index = keys.iter().position(|k| k == &c.key).unwrap() + 1;
-                let letter = match c.policy.algorithm() {
-                    edgelimit::contract::Algorithm::FixedWindow => "f",
-                    edgelimit::contract::Algorithm::SlidingWindow => "s",
-                    edgelimit::contract::Algorithm::TokenBucket => "t",
-                };
-                inv.arg(index)
-                    .arg(letter)
-                    .arg(if c.shadow { "1" } else { "0" });
-                for a in edgelimit::redis::program_args(c.policy, c.cost) {
-                    inv.arg(a);
-                }
-            }
+            check_args(&mut inv, checks, &keys);
         }
         let Value::Array(per_member) = inv.invoke::<Value>(&mut self.con).unwrap() else {
             panic!("batch reply is not an array")
@@ -467,6 +441,25 @@ impl Programs {
 
 /// A key before a run: its DUMP, its absolute expiry, its hash fields.
 type KeySnapshot = (Option<Vec<u8>>, i64, Vec<(String, String)>);
+
+/// Each check's arguments as the composite and batch programs take them: key index (1-based
+/// into `keys`), algorithm letter, shadow flag, then the single-key programs' arguments.
+fn check_args(inv: &mut redis::ScriptInvocation<'_>, checks: &[CompositeCheck<'_>], keys: &[&str]) {
+    for c in checks {
+        let index = keys.iter().position(|k| k == &c.key).unwrap() + 1;
+        let letter = match c.policy.algorithm() {
+            edgelimit::contract::Algorithm::FixedWindow => "f",
+            edgelimit::contract::Algorithm::SlidingWindow => "s",
+            edgelimit::contract::Algorithm::TokenBucket => "t",
+        };
+        inv.arg(index)
+            .arg(letter)
+            .arg(if c.shadow { "1" } else { "0" });
+        for a in edgelimit::redis::program_args(c.policy, c.cost) {
+            inv.arg(a);
+        }
+    }
+}
 
 fn distinct_keys<'a>(checks: &[CompositeCheck<'a>]) -> Vec<&'a str> {
     let mut keys: Vec<&str> = Vec::new();

@@ -146,17 +146,19 @@ impl Batcher {
 
     /// A call completed: its turn passes to what queued meanwhile, or is given back.
     fn release(this: &Arc<Self>) {
-        let next = {
-            let mut queue = this.lock();
-            if queue.waiting.is_empty() {
-                queue.in_flight = queue.in_flight.saturating_sub(1);
-                None
-            } else {
-                Some(this.take(&mut queue))
-            }
-        };
-        if let Some(batch) = next {
+        if let Some(batch) = this.pass_turn() {
             this.io.spawn(Self::run(this.clone(), batch));
+        }
+    }
+
+    /// The next batch for a turn that just ended, or none (and the turn is given back).
+    fn pass_turn(&self) -> Option<Vec<Waiting>> {
+        let mut queue = self.lock();
+        if queue.waiting.is_empty() {
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+            None
+        } else {
+            Some(self.take(&mut queue))
         }
     }
 
@@ -164,16 +166,7 @@ impl Batcher {
     async fn run(this: Arc<Self>, mut batch: Vec<Waiting>) {
         loop {
             this.send(batch).await;
-            let next = {
-                let mut queue = this.lock();
-                if queue.waiting.is_empty() {
-                    queue.in_flight = queue.in_flight.saturating_sub(1);
-                    None
-                } else {
-                    Some(this.take(&mut queue))
-                }
-            };
-            match next {
+            match this.pass_turn() {
                 Some(more) => batch = more,
                 None => return,
             }
