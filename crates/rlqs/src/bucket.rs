@@ -223,16 +223,24 @@ mod tests {
     fn a_bucket_matches_the_declared_order_and_hashes_like_that_descriptor() {
         let set = policies(POLICY);
         let h = hasher();
-        let Resolution::Limited { targets, shadow } =
-            resolve(&set, "edge", &key(&[("api", "search"), ("tenant", "t1")]), &h)
-        else {
+        let Resolution::Limited { targets, shadow } = resolve(
+            &set,
+            "edge",
+            &key(&[("api", "search"), ("tenant", "t1")]),
+            &h,
+        ) else {
             panic!("the rule tenant/api matches whatever the map order");
         };
         assert!(!shadow);
         assert_eq!(targets.len(), 1);
         let as_descriptor = h.digest(b"edge", [("tenant", "t1"), ("api", "search")].into_iter());
         assert_eq!(targets[0].subject, as_descriptor);
-        let other = resolve(&set, "edge", &key(&[("api", "search"), ("tenant", "t2")]), &h);
+        let other = resolve(
+            &set,
+            "edge",
+            &key(&[("api", "search"), ("tenant", "t2")]),
+            &h,
+        );
         let Resolution::Limited { targets: t2, .. } = other else {
             panic!("matches")
         };
@@ -278,6 +286,9 @@ mod tests {
         );
         assert_eq!(build(&[("", "x")]), Err(BucketError::EmptyKey));
         assert_eq!(build(&[("a", "long")]), Err(BucketError::ValueTooLong));
-        assert_eq!(build(&[("b", "1"), ("a", "2")]), build(&[("a", "2"), ("b", "1")]));
+        assert_eq!(
+            build(&[("b", "1"), ("a", "2")]),
+            build(&[("a", "2"), ("b", "1")])
+        );
     }
 }

@@ -54,10 +54,7 @@ impl DemandPools {
                 !pool.is_empty()
             });
         }
-        let pool = state
-            .pools
-            .entry((policy.clone(), *subject))
-            .or_default();
+        let pool = state.pools.entry((policy.clone(), *subject)).or_default();
         pool.retain(|_, e| e.expires > now);
         let rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
         pool.insert(

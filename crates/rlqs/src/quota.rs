@@ -48,7 +48,14 @@ pub(crate) async fn consume<B: RateLimitPort>(
             break;
         }
         let chunk = left.min(policy.max_cost());
-        let decision = ask(backend, policy, subject, Cost::consume(chunk).ok()?, deadline).await?;
+        let decision = ask(
+            backend,
+            policy,
+            subject,
+            Cost::consume(chunk).ok()?,
+            deadline,
+        )
+        .await?;
         if decision.allowed {
             left -= chunk;
             last = Some(decision);
@@ -57,8 +64,14 @@ pub(crate) async fn consume<B: RateLimitPort>(
         // Over what is left: take what is left, the rest is overshoot.
         let rest = decision.remaining.min(chunk);
         let decision = if rest > 0 {
-            let taken =
-                ask(backend, policy, subject, Cost::consume(rest).ok()?, deadline).await?;
+            let taken = ask(
+                backend,
+                policy,
+                subject,
+                Cost::consume(rest).ok()?,
+                deadline,
+            )
+            .await?;
             if taken.allowed {
                 left -= rest;
             }

@@ -306,7 +306,8 @@ impl<B: RateLimitPort> Inner<B> {
         // Envoy's own `time_elapsed` is whole seconds: the server's clock is finer.
         let interval = elapsed
             .unwrap_or(self.settings.assumed_report_interval)
-            .clamp(Duration::from_millis(10), self.settings.assignment_ttl);
+            .min(self.settings.assignment_ttl)
+            .max(Duration::from_millis(10));
         state.interval = Some(interval);
         let asked = usage
             .num_requests_allowed

@@ -249,7 +249,10 @@ mod tests {
             panic!("{s:?}")
         };
         // 0.1/s: 10 tokens per 100 s.
-        assert_eq!((tokens_per_fill, fill_interval_secs, max_tokens), (10, 100, 1));
+        assert_eq!(
+            (tokens_per_fill, fill_interval_secs, max_tokens),
+            (10, 100, 1)
+        );
     }
 
     #[test]
