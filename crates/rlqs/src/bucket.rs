@@ -120,7 +120,7 @@ pub fn resolve(
     let mut order: Vec<usize> = (0..entries.len()).collect();
     loop {
         let ordered = || order.iter().map(|&i| (&entries[i].0, &entries[i].1));
-        if let Some(rule) = policies.find(domain, ordered().map(|(k, v)| (k, v))) {
+        if let Some(rule) = policies.find(domain, ordered()) {
             if rule.unlimited {
                 return Resolution::Unlimited;
             }
