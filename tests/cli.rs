@@ -206,6 +206,18 @@ fn serve_errors_after_parsing_name_the_file_and_the_field_once() {
             "outside",
         ),
         (
+            "redis:\n  sentinel:\n    master_name: m\n    nodes: ['notascheme://']\n",
+            &[("secret", SECRET)],
+            "redis.sentinel.nodes: invalid Redis URL",
+            "InvalidClientConfig",
+        ),
+        (
+            "xds:\n  server_url: https://127.0.0.1:1\n  node_id: n\n  tls:\n    ca_file: $DIR/missing-ca.pem\n",
+            &[("secret", SECRET)],
+            "xds.tls.ca_file:",
+            "No such file",
+        ),
+        (
             "tls:\n  cert_file: $DIR/missing-cert.pem\n  key_file: $DIR/missing-key.pem\n",
             &[("secret", SECRET)],
             "tls.key_file:",

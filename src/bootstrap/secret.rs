@@ -217,14 +217,14 @@ mod tests {
             previous_file: Some(previous.clone()),
             ..SecretSource::default()
         };
-        let err = previous_hasher(&src).err().expect("too short").to_string();
+        let err = previous_hasher(&src).expect_err("too short").to_string();
         assert!(err.starts_with("hmac_secret.previous_file: "), "{err}");
         assert!(err.contains(&previous.display().to_string()), "{err}");
         let src = SecretSource {
             previous_env: Some("EDGELIMIT_TEST_SURELY_UNSET_VARIABLE".into()),
             ..src
         };
-        let err = previous_hasher(&src).err().expect("ambiguous").to_string();
+        let err = previous_hasher(&src).expect_err("ambiguous").to_string();
         assert!(
             err.starts_with("hmac_secret.previous_file and hmac_secret.previous_env"),
             "{err}"

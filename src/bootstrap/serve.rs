@@ -214,6 +214,12 @@ async fn run<B: RateLimitPort>(
     tasks.push(telemetry::spawn_upkeep(ops.metrics.clone()));
     match &config.xds {
         Some(xds) => {
+            // The files are read again on every connection (rotation); unusable ones at start
+            // stop it with one located error, as the listener's certificates do, instead of a
+            // stream error repeated on every retry.
+            if let Some(tls) = &xds.tls {
+                super::xds::tls::client_config(tls).map_err(|e| located(&config, e))?;
+            }
             tasks.push(super::xds::start(xds, load_options(&config), policies.clone()).await)
         }
         None => tasks.push(reload::spawn(Reloader::new(

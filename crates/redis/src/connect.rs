@@ -103,6 +103,10 @@ impl Connector {
                 "a cluster is connected node by node".into(),
             )),
             Topology::Sentinel(sentinel) => {
+                // Located errors for the Sentinels' URLs (the client's own name no field).
+                for url in &sentinel.nodes {
+                    parse("redis.sentinel.nodes", url)?;
+                }
                 let client = sentinel_client(sentinel, settings, certs).map_err(client_error)?;
                 Ok(Self::Sentinel(SentinelResolver {
                     client: Mutex::new(client),
