@@ -162,7 +162,9 @@ fn serve_with(config: &str, files: &[(&str, &str)]) -> (Option<i32>, String, Str
 fn serve_errors_after_parsing_name_the_file_and_the_field_once() {
     const SECRET: &str = "a-secret-of-at-least-thirty-two-bytes!!";
     let secret = "hmac_secret:\n  file: $DIR/secret\n";
-    let cases: &[(&str, &[(&str, &str)], &str, &str)] = &[
+    // (config, files next to it, the field that must lead the message, a detail printed once)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: &[Case] = &[
         (
             "hmac_secret:\n  file: $DIR/missing\nredis:\n  url: redis://127.0.0.1:1/\n",
             &[],

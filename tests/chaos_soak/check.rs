@@ -356,7 +356,7 @@ mod tests {
             sample(1_200_000, 1_300_000, 1, Ok(OK)), // another server
             sample(1_500_000, 1_600_000, 0, Ok(OVER_LIMIT)),
         ];
-        let r = check(&samples, &[fault.clone()], &[], 100_000);
+        let r = check(&samples, std::slice::from_ref(&fault), &[], 100_000);
         assert_eq!((r.inside_outages, r.violations.len()), (1, 0), "{r:?}");
         let mut bad = samples.clone();
         bad.push(sample(1_700_000, 1_800_000, 0, Ok(OK)));
