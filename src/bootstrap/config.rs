@@ -54,6 +54,32 @@ pub struct ServerConfig {
     #[serde(with = "serde_duration")]
     pub shutdown_grace: Duration,
     pub readiness: ReadinessConfig,
+    /// Where the settings came from, to locate errors found after parsing.
+    #[serde(skip)]
+    pub origin: ConfigOrigin,
+}
+
+/// The source of a [`ServerConfig`], named by every error found once it is parsed (a secret
+/// file that cannot be read, a bad Redis URL, a TLS file) as parse errors name their line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConfigOrigin {
+    /// No configuration file: the defaults and command-line flags.
+    #[default]
+    Defaults,
+    File(PathBuf),
+    /// envoyproxy/ratelimit's environment variables (`serve --reference-env`).
+    ReferenceEnv,
+}
+
+impl ConfigOrigin {
+    /// `"<file>: "`, `"reference environment: "`, or nothing for the defaults.
+    pub fn prefix(&self) -> String {
+        match self {
+            ConfigOrigin::Defaults => String::new(),
+            ConfigOrigin::File(path) => format!("{}: ", path.display()),
+            ConfigOrigin::ReferenceEnv => "reference environment: ".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -92,6 +118,7 @@ impl Default for ServerConfig {
             log: LogConfig::default(),
             shutdown_grace: Duration::from_secs(10),
             readiness: ReadinessConfig::default(),
+            origin: ConfigOrigin::Defaults,
         }
     }
 }
@@ -266,13 +293,14 @@ pub enum RedisConfigError {
     Topology(&'static str),
     #[error("{0}: set at most one of `password_file` and `password_env`")]
     PasswordAmbiguous(&'static str),
-    #[error("{field}: cannot read the password file {path}: {source}")]
+    // `error` is not a `#[source]`: printed here once, not again by an error chain.
+    #[error("{field}.password_file: cannot read {path}: {error}")]
     PasswordFile {
         field: &'static str,
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{field}: environment variable {var} is not set or not UTF-8")]
+    #[error("{field}.password_env: environment variable {var} is not set or not UTF-8")]
     PasswordEnv { field: &'static str, var: String },
 }
 
@@ -343,10 +371,10 @@ fn read_password(
         (None, None) => return Ok(None),
         (Some(_), Some(_)) => return Err(RedisConfigError::PasswordAmbiguous(field)),
         (Some(path), None) => {
-            std::fs::read_to_string(path).map_err(|source| RedisConfigError::PasswordFile {
+            std::fs::read_to_string(path).map_err(|error| RedisConfigError::PasswordFile {
                 field,
                 path: path.to_owned(),
-                source,
+                error,
             })?
         }
         (None, Some(var)) => std::env::var(var).map_err(|_| RedisConfigError::PasswordEnv {
@@ -644,10 +672,12 @@ impl ServerConfig {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text).map_err(|message| ConfigFileError::Parse {
+        let mut config = Self::parse(&text).map_err(|message| ConfigFileError::Parse {
             path: path.to_owned(),
             message,
-        })
+        })?;
+        config.origin = ConfigOrigin::File(path.to_owned());
+        Ok(config)
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {

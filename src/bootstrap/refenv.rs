@@ -9,7 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::config::{BackendKind, SecretSource, SentinelConfig, ServerConfig, TlsConfig};
+use super::config::{
+    BackendKind, ConfigOrigin, SecretSource, SentinelConfig, ServerConfig, TlsConfig,
+};
 use super::grpc_tls::ListenerTlsConfig;
 use super::otel::{OtlpProtocol, TracingConfig};
 use super::xds::XdsConfig;
@@ -232,7 +234,10 @@ fn go_duration(var: &'static str, text: &str) -> Result<Duration, RefEnvError> {
 /// Builds the configuration from `vars` (the process environment in production).
 pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<RefEnv, RefEnvError> {
     let vars = Vars(vars.into_iter().collect());
-    let mut c = ServerConfig::default();
+    let mut c = ServerConfig {
+        origin: ConfigOrigin::ReferenceEnv,
+        ..ServerConfig::default()
+    };
 
     // Files under <RUNTIME_ROOT>/<RUNTIME_SUBDIRECTORY>/<RUNTIME_APPDIRECTORY>/.
     let mut dir = PathBuf::from(vars.or("RUNTIME_ROOT", "/srv/runtime_data/current"));

@@ -52,6 +52,13 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// An error in a setting found after parsing, prefixed with where the setting came from (the
+/// configuration file, or the reference environment), as parse errors are. The error's own
+/// text names the field; it is printed as one message, not as a chain that would repeat it.
+fn located(config: &ServerConfig, error: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{}{error}", config.origin.prefix())
+}
+
 pub fn load_policies(config: &ServerConfig) -> anyhow::Result<PolicySet> {
     PolicySet::load_dir(&config.policy_dir, &load_options(config)).map_err(|errors| {
         anyhow::anyhow!(
@@ -121,7 +128,8 @@ pub async fn serve(
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
         BackendKind::Memory => {
-            let (hasher, _) = secret::hasher(&config.hmac_secret, false)?;
+            let (hasher, _) =
+                secret::hasher(&config.hmac_secret, false).map_err(|e| located(&config, e))?;
             let backend = MemoryBackend::new(MemoryConfig {
                 max_subjects: config.memory.max_subjects,
                 ..MemoryConfig::default()
@@ -140,9 +148,10 @@ pub async fn serve(
             run(config, policies, port, hasher, ops, shutdown, ready).await
         }
         BackendKind::Redis => {
-            let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
-            let settings = config.redis.settings()?;
-            let backend = RedisBackend::start(settings)?;
+            let (hasher, _) =
+                secret::hasher(&config.hmac_secret, true).map_err(|e| located(&config, e))?;
+            let settings = config.redis.settings().map_err(|e| located(&config, e))?;
+            let backend = RedisBackend::start(settings).map_err(|e| located(&config, e))?;
             // Serving before the first connection would deny every early request.
             let bound = config.redis.connect_timeout * 2;
             if !backend.wait_connected(bound).await {
@@ -202,7 +211,9 @@ async fn run<B: RateLimitPort>(
         Arc::new(hasher),
         service_settings(&config),
     );
-    if let Some(previous) = secret::previous_hasher(&config.hmac_secret)? {
+    if let Some(previous) =
+        secret::previous_hasher(&config.hmac_secret).map_err(|e| located(&config, e))?
+    {
         tracing::warn!(
             "HMAC secret rotation in progress: every limit is also enforced under the previous secret"
         );
@@ -217,6 +228,12 @@ async fn run<B: RateLimitPort>(
     tasks.push(telemetry::spawn_upkeep(ops.metrics.clone()));
     match &config.xds {
         Some(xds) => {
+            // The files are read again on every connection (rotation); unusable ones at start
+            // stop it with one located error, as the listener's certificates do, instead of a
+            // stream error repeated on every retry.
+            if let Some(tls) = &xds.tls {
+                super::xds::tls::client_config(tls).map_err(|e| located(&config, e))?;
+            }
             tasks.push(super::xds::start(xds, load_options(&config), policies.clone()).await)
         }
         None => tasks.push(reload::spawn(Reloader::new(
@@ -228,7 +245,9 @@ async fn run<B: RateLimitPort>(
 
     // Certificate problems stop the start, before anything listens.
     let listener_tls = match &config.tls {
-        Some(tls) => Some(super::grpc_tls::ListenerTls::load(tls)?),
+        Some(tls) => {
+            Some(super::grpc_tls::ListenerTls::load(tls).map_err(|e| located(&config, e))?)
+        }
         None => None,
     };
     let (listener, uds) = match &config.listen_uds {
