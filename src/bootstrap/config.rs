@@ -21,6 +21,10 @@ pub struct ServerConfig {
     pub xds: Option<super::xds::XdsConfig>,
     /// TLS (mTLS with `client_ca_file`) on the gRPC listener.
     pub tls: Option<super::grpc_tls::ListenerTlsConfig>,
+    /// gRPC on a Unix domain socket instead of `listen` (the reference's `GRPC_UDS`).
+    pub listen_uds: Option<super::uds::UdsConfig>,
+    /// OpenTelemetry spans over OTLP/gRPC; off when absent.
+    pub tracing: Option<super::otel::TracingConfig>,
     /// `memory` (default without a `redis` topology) or `redis`.
     pub backend: Option<BackendKind>,
     pub redis: RedisConfig,
@@ -96,6 +100,8 @@ impl Default for ServerConfig {
             policy_dir: PathBuf::from("policies"),
             xds: None,
             tls: None,
+            listen_uds: None,
+            tracing: None,
             backend: None,
             redis: RedisConfig::default(),
             memory: MemoryConfig::default(),
@@ -684,6 +690,18 @@ impl ServerConfig {
         config.limits.validate()?;
         if let Some(xds) = &config.xds {
             xds.validate()?;
+        }
+        if let Some(uds) = &config.listen_uds {
+            uds.validate()?;
+            if config.tls.is_some() {
+                return Err(
+                    "listen_uds: TLS on the unix socket is not supported; unset tls or listen_uds"
+                        .into(),
+                );
+            }
+        }
+        if let Some(tracing) = config.tracing.as_ref().filter(|t| t.enabled) {
+            tracing.validate()?;
         }
         config.headers.reference_names.validate()?;
         if config.deny_cache.enabled && config.deny_cache.max_entries == 0 {
