@@ -197,10 +197,14 @@ redis_ceiling() {
   rps=$(echo "$csv" | cut -d, -f2 | tr -d '"' | cut -d. -f1)
   n=$((rps * SECS))
   [ "$n" -ge 20000 ] || n=20000
+  local redis0 redis1
+  redis0=$(cpu_ticks "$REDIS_PID")
   csv=$(redis-benchmark -p "$REDIS_PORT" -c "$CONC" -n "$n" -P "$pipeline" -r 1000000 --csv "$@" | tail -n 1)
+  redis1=$(cpu_ticks "$REDIS_PID")
   RB=$(echo "$csv" | cut -d, -f2 | tr -d '"' | cut -d. -f1)
   echo "    $csv" >>"$OUT"
-  say "$(printf '  %-34s %9s ops/s  (%s requests)' "$label" "$RB" "$n")"
+  say "$(printf '  %-34s %9s ops/s  (%s requests)  CPU us/op: redis %s' "$label" "$RB" "$n" \
+    "$(per_request_us $((redis1 - redis0)) "$n")")"
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }

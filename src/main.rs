@@ -331,8 +331,9 @@ fn main() -> ExitCode {
             });
             match served {
                 Ok(()) => ExitCode::SUCCESS,
+                // Once, on stderr (a log line on stdout as well would print it twice where
+                // both streams are collected, as in a container).
                 Err(e) => {
-                    tracing::error!("{e:#}");
                     eprintln!("error: {e:#}");
                     ExitCode::FAILURE
                 }

@@ -195,3 +195,157 @@ fn mkdir(path: std::path::PathBuf) -> std::path::PathBuf {
     std::fs::create_dir_all(&path).expect("mkdir");
     path
 }
+
+/// A client certificate signed by `dir`'s CA (`ca.crt`, `ca.key`), valid for `san`.
+fn client_cert_with_san(
+    dir: &Path,
+    name: &str,
+    san: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ext = format!("{name}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        format!("subjectAltName=DNS:{san}\nextendedKeyUsage=clientAuth\n"),
+    )
+    .expect("ext");
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    run(&[
+        "req",
+        "-subj",
+        "/CN=client",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+        "-out",
+        &crt,
+    ]);
+    (dir.join(crt), dir.join(key))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_san_admits_only_the_configured_name() {
+    let dir = tempfile::tempdir().expect("cert dir");
+    let certs = Certs::generate(dir.path());
+    let (good_cert, good_key) = client_cert_with_san(dir.path(), "envoy", "envoy.gateway.local");
+    let (other_cert, other_key) = client_cert_with_san(dir.path(), "other", "other.local");
+    let server = EdgelimitServer::start(ServerOptions::memory(&[("tls.yaml", POLICY)]).extra(
+        &format!(
+            "tls:\n  cert_file: {}\n  key_file: {}\n  client_ca_file: {}\n  client_san: envoy.gateway.local\n",
+            certs.server_cert.display(),
+            certs.server_key.display(),
+            certs.ca.display()
+        ),
+    ));
+    assert_eq!(
+        ask_tls(&server, &certs.ca, Some((&good_cert, &good_key))).await,
+        Ok(OK),
+        "{}",
+        server.log_text()
+    );
+    // Same CA, other SAN; and the harness's client certificate, which has no SAN at all.
+    assert!(ask_tls(&server, &certs.ca, Some((&other_cert, &other_key)))
+        .await
+        .is_err());
+    let no_san = Some((certs.client_cert.as_path(), certs.client_key.as_path()));
+    assert!(ask_tls(&server, &certs.ca, no_san).await.is_err());
+    let refused = common::server::metric(
+        &server.metrics(),
+        "edgelimit_grpc_tls_handshake_failures_total",
+        &[("reason", "refused")],
+    );
+    assert!(
+        refused.is_some_and(|n| n >= 2.0),
+        "refused handshakes counted: {refused:?}"
+    );
+    assert_eq!(
+        ask_tls(&server, &certs.ca, Some((&good_cert, &good_key))).await,
+        Ok(OK)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_client_ca_is_used_for_new_handshakes() {
+    let dir = tempfile::tempdir().expect("cert dir");
+    let old = Certs::generate(&mkdir(dir.path().join("old")));
+    let new = Certs::generate(&mkdir(dir.path().join("new")));
+    let ca = dir.path().join("client-ca.crt");
+    replace_file(&old.ca, &ca);
+    let server = EdgelimitServer::start(ServerOptions::memory(&[("tls.yaml", POLICY)]).extra(
+        &format!(
+            "tls:\n  cert_file: {}\n  key_file: {}\n  client_ca_file: {}\n",
+            old.server_cert.display(),
+            old.server_key.display(),
+            ca.display()
+        ),
+    ));
+    let old_client = Some((old.client_cert.as_path(), old.client_key.as_path()));
+    let new_client = Some((new.client_cert.as_path(), new.client_key.as_path()));
+    assert_eq!(
+        ask_tls(&server, &old.ca, old_client).await,
+        Ok(OK),
+        "{}",
+        server.log_text()
+    );
+    assert!(
+        ask_tls(&server, &old.ca, new_client).await.is_err(),
+        "new CA not yet trusted"
+    );
+
+    replace_file(&new.ca, &ca);
+    let mut rotated = false;
+    for _ in 0..100 {
+        if ask_tls(&server, &old.ca, new_client).await == Ok(OK) {
+            rotated = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        rotated,
+        "client of the new CA admitted:\n{}",
+        server.log_text()
+    );
+    assert!(
+        ask_tls(&server, &old.ca, old_client).await.is_err(),
+        "the old CA's clients are refused after the rotation"
+    );
+    assert!(server.log_text().contains("client CA reloaded"));
+}

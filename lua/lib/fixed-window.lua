@@ -2,7 +2,7 @@
 -- Stored fields: o last observed ms, w window id, c consumed.
 -- A consumed count above the limit (the limit was lowered) is kept: nothing passes until the
 -- window ends.
-local FIXED_WINDOW = { name = 'fixed_window', param_count = 2, fields = { 'o', 'w', 'c' } }
+local FIXED_WINDOW = { name = 'fixed_window', param_count = 2 }
 
 -- Parameters from ARGV strings; nil (and the limit to report) when malformed.
 function FIXED_WINDOW.params(window, limit)
@@ -15,8 +15,9 @@ function FIXED_WINDOW.limit(p)
   return p.limit
 end
 
-function FIXED_WINDOW.decode(s, _)
-  local st = { o = int_arg(s[5], 0, MAX), w = int_arg(s[6], 0, MAX), c = int_arg(s[7], 0, MAX) }
+-- `h` is the stored hash, field by name (prologue `load`).
+function FIXED_WINDOW.decode(h, _)
+  local st = { o = int_arg(h.o, 0, MAX), w = int_arg(h.w, 0, MAX), c = int_arg(h.c, 0, MAX) }
   if not st.o or not st.w or not st.c then return nil end
   return st
 end

@@ -14,16 +14,32 @@ local t = redis.call('TIME')
 local server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- Decimal digits only: rejects '1e3', '0x10', ' 5', '-0' and anything past 2^53 - 1.
+-- Each distinct string is checked and converted once per call: a batch repeats the same
+-- policy arguments, window ids and timestamps for many members, and the pattern match and
+-- strtod are most of what an evaluation costs Redis. `v + 0` converts once (tonumber twice).
+local find, format = string.find, string.format
+local parsed = {}
 local function int_arg(v, lo, hi)
-  if type(v) ~= 'string' or #v == 0 or #v > 16 or not string.match(v, '^%d+$') then return nil end
-  local n = tonumber(v)
-  if n < lo or n > hi then return nil end
+  if type(v) ~= 'string' then return nil end
+  local n = parsed[v]
+  if n == nil then
+    n = #v > 0 and #v <= 16 and find(v, '^%d+$') ~= nil and v + 0
+    parsed[v] = n
+  end
+  if not n or n < lo or n > hi then return nil end
   return n
 end
 
--- Numbers written to state are formatted as integers; tostring would use %.14g.
+-- Numbers written to state are formatted as integers; tostring would use %.14g. Memoised per
+-- call like the parsing: the members of a batch write the same window ids and timestamps.
+local formatted = {}
 local function fmt(n)
-  return string.format('%d', n)
+  local s = formatted[n]
+  if not s then
+    s = format('%d', n)
+    formatted[n] = s
+  end
+  return s
 end
 
 -- Exact integer quotient and remainder of 0 <= n <= 2^53 - 1 by d >= 1 (fmod is exact).
@@ -85,10 +101,7 @@ local function load(key, algo, c, p)
   if h.v ~= SCHEMA or h.a ~= algo.name or h.p ~= c.policy or h.r ~= c.revision then
     return 'incompatible'
   end
-  -- The layout the algorithms decode: the header, then their fields in order.
-  local s = { h.v, h.a, h.p, h.r }
-  for i, field in ipairs(algo.fields) do s[4 + i] = h[field] end
-  local st = algo.decode(s, p)
+  local st = algo.decode(h, p)
   if not st then return 'incompatible' end
   return 'present', st
 end
@@ -114,9 +127,14 @@ local function evaluate(algo, p, c, kind, st)
   return algo.eval(p, c, st, now)
 end
 
-local function store(key, algo, c, st, ttl)
-  local fields = algo.encode(st)
-  redis.call('HSET', key, 'v', SCHEMA, 'a', algo.name, 'p', c.policy, 'r', c.revision,
-    unpack(fields))
+-- `kind` is what `load` found: over a present state of this policy the header already holds
+-- these values, and only the algorithm's fields are written (half of HSET's arguments).
+local function store(key, algo, c, st, ttl, kind)
+  if kind == 'present' then
+    redis.call('HSET', key, unpack(algo.encode(st)))
+  else
+    redis.call('HSET', key, 'v', SCHEMA, 'a', algo.name, 'p', c.policy, 'r', c.revision,
+      unpack(algo.encode(st)))
+  end
   redis.call('PEXPIRE', key, fmt(ttl))
 end

@@ -7,7 +7,7 @@
 local SCALE = 1000000
 -- window * SCALE and count * SCALE must stay exact: floor(MAX / SCALE).
 local MAX_SCALED = 9007199254
-local SLIDING_COUNTER = { name = 'sliding_window', param_count = 2, fields = { 'o', 'pw', 'pc', 'cw', 'cc' } }
+local SLIDING_COUNTER = { name = 'sliding_window', param_count = 2 }
 
 function SLIDING_COUNTER.params(window, limit)
   local p = { window = int_arg(window, 1, MAX_SCALED), limit = int_arg(limit, 0, MAX_SCALED) }
@@ -19,13 +19,13 @@ function SLIDING_COUNTER.limit(p)
   return p.limit
 end
 
-function SLIDING_COUNTER.decode(s, _)
+function SLIDING_COUNTER.decode(h, _)
   local st = {
-    o = int_arg(s[5], 0, MAX),
-    pw = int_arg(s[6], 0, MAX),
-    pc = int_arg(s[7], 0, MAX_SCALED),
-    cw = int_arg(s[8], 0, MAX),
-    cc = int_arg(s[9], 0, MAX_SCALED),
+    o = int_arg(h.o, 0, MAX),
+    pw = int_arg(h.pw, 0, MAX),
+    pc = int_arg(h.pc, 0, MAX_SCALED),
+    cw = int_arg(h.cw, 0, MAX),
+    cc = int_arg(h.cc, 0, MAX_SCALED),
   }
   if not st.o or not st.pw or not st.pc or not st.cw or not st.cc then return nil end
   return st

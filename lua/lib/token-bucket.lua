@@ -5,7 +5,7 @@
 -- Stored fields: o last observed (= last refill) ms, t whole tokens, m sub-token remainder in
 -- 1/period units (level = t + m / period; m = 0 whenever t = capacity).
 -- More tokens than the capacity (the capacity was lowered) are clamped to a full bucket.
-local TOKEN_BUCKET = { name = 'token_bucket', param_count = 3, fields = { 'o', 't', 'm' } }
+local TOKEN_BUCKET = { name = 'token_bucket', param_count = 3 }
 
 function TOKEN_BUCKET.params(period, rate, capacity)
   local p = {
@@ -24,8 +24,8 @@ function TOKEN_BUCKET.limit(p)
   return p.capacity
 end
 
-function TOKEN_BUCKET.decode(s, p)
-  local st = { o = int_arg(s[5], 0, MAX), t = int_arg(s[6], 0, MAX), m = int_arg(s[7], 0, p.period - 1) }
+function TOKEN_BUCKET.decode(h, p)
+  local st = { o = int_arg(h.o, 0, MAX), t = int_arg(h.t, 0, MAX), m = int_arg(h.m, 0, p.period - 1) }
   if not st.o or not st.t or not st.m then return nil end
   return st
 end

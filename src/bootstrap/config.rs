@@ -21,6 +21,10 @@ pub struct ServerConfig {
     pub xds: Option<super::xds::XdsConfig>,
     /// TLS (mTLS with `client_ca_file`) on the gRPC listener.
     pub tls: Option<super::grpc_tls::ListenerTlsConfig>,
+    /// gRPC on a Unix domain socket instead of `listen` (the reference's `GRPC_UDS`).
+    pub listen_uds: Option<super::uds::UdsConfig>,
+    /// OpenTelemetry spans over OTLP/gRPC; off when absent.
+    pub tracing: Option<super::otel::TracingConfig>,
     /// `memory` (default without a `redis` topology) or `redis`.
     pub backend: Option<BackendKind>,
     pub redis: RedisConfig,
@@ -52,6 +56,9 @@ pub struct ServerConfig {
     pub readiness: ReadinessConfig,
     /// Envoy's Rate Limit Quota Service on the gRPC listener.
     pub rlqs: RlqsConfig,
+    /// Where the settings came from, to locate errors found after parsing.
+    #[serde(skip)]
+    pub origin: ConfigOrigin,
 }
 
 /// `rlqs:`: the quota service's bounds and assignment lifetime (see README, RLQS).
@@ -103,6 +110,29 @@ impl RlqsConfig {
     }
 }
 
+/// The source of a [`ServerConfig`], named by every error found once it is parsed (a secret
+/// file that cannot be read, a bad Redis URL, a TLS file) as parse errors name their line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConfigOrigin {
+    /// No configuration file: the defaults and command-line flags.
+    #[default]
+    Defaults,
+    File(PathBuf),
+    /// envoyproxy/ratelimit's environment variables (`serve --reference-env`).
+    ReferenceEnv,
+}
+
+impl ConfigOrigin {
+    /// `"<file>: "`, `"reference environment: "`, or nothing for the defaults.
+    pub fn prefix(&self) -> String {
+        match self {
+            ConfigOrigin::Defaults => String::new(),
+            ConfigOrigin::File(path) => format!("{}: ", path.display()),
+            ConfigOrigin::ReferenceEnv => "reference environment: ".into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadinessConfig {
@@ -121,6 +151,8 @@ impl Default for ServerConfig {
             policy_dir: PathBuf::from("policies"),
             xds: None,
             tls: None,
+            listen_uds: None,
+            tracing: None,
             backend: None,
             redis: RedisConfig::default(),
             memory: MemoryConfig::default(),
@@ -138,6 +170,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             readiness: ReadinessConfig::default(),
             rlqs: RlqsConfig::default(),
+            origin: ConfigOrigin::Defaults,
         }
     }
 }
@@ -312,13 +345,14 @@ pub enum RedisConfigError {
     Topology(&'static str),
     #[error("{0}: set at most one of `password_file` and `password_env`")]
     PasswordAmbiguous(&'static str),
-    #[error("{field}: cannot read the password file {path}: {source}")]
+    // `error` is not a `#[source]`: printed here once, not again by an error chain.
+    #[error("{field}.password_file: cannot read {path}: {error}")]
     PasswordFile {
         field: &'static str,
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{field}: environment variable {var} is not set or not UTF-8")]
+    #[error("{field}.password_env: environment variable {var} is not set or not UTF-8")]
     PasswordEnv { field: &'static str, var: String },
 }
 
@@ -389,10 +423,10 @@ fn read_password(
         (None, None) => return Ok(None),
         (Some(_), Some(_)) => return Err(RedisConfigError::PasswordAmbiguous(field)),
         (Some(path), None) => {
-            std::fs::read_to_string(path).map_err(|source| RedisConfigError::PasswordFile {
+            std::fs::read_to_string(path).map_err(|error| RedisConfigError::PasswordFile {
                 field,
                 path: path.to_owned(),
-                source,
+                error,
             })?
         }
         (None, Some(var)) => std::env::var(var).map_err(|_| RedisConfigError::PasswordEnv {
@@ -690,10 +724,12 @@ impl ServerConfig {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text).map_err(|message| ConfigFileError::Parse {
+        let mut config = Self::parse(&text).map_err(|message| ConfigFileError::Parse {
             path: path.to_owned(),
             message,
-        })
+        })?;
+        config.origin = ConfigOrigin::File(path.to_owned());
+        Ok(config)
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -707,6 +743,18 @@ impl ServerConfig {
         config.rlqs.validate()?;
         if let Some(xds) = &config.xds {
             xds.validate()?;
+        }
+        if let Some(uds) = &config.listen_uds {
+            uds.validate()?;
+            if config.tls.is_some() {
+                return Err(
+                    "listen_uds: TLS on the unix socket is not supported; unset tls or listen_uds"
+                        .into(),
+                );
+            }
+        }
+        if let Some(tracing) = config.tracing.as_ref().filter(|t| t.enabled) {
+            tracing.validate()?;
         }
         config.headers.reference_names.validate()?;
         if config.deny_cache.enabled && config.deny_cache.max_entries == 0 {

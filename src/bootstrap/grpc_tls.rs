@@ -10,10 +10,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
@@ -30,8 +33,13 @@ pub struct ListenerTlsConfig {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
     /// PEM CA bundle: when set, clients must present a certificate it signed (mTLS).
+    /// Reloaded on rotation, like the certificate.
     #[serde(default)]
     pub client_ca_file: Option<PathBuf>,
+    /// With `client_ca_file`: the client certificate must also be valid for this DNS name
+    /// (or IP address) in its subjectAltName, as the reference's `GRPC_CLIENT_TLS_SAN`.
+    #[serde(default)]
+    pub client_san: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +89,7 @@ impl ResolvesServerCert for RotatingCert {
 pub struct ListenerTls {
     pub config: Arc<rustls::ServerConfig>,
     cert: Arc<RotatingCert>,
+    client: Option<Arc<RotatingClientVerifier>>,
     files: ListenerTlsConfig,
     provider: Arc<rustls::crypto::CryptoProvider>,
 }
@@ -95,15 +104,159 @@ fn certified_key(
         .map_err(|e| file_error("key_file", &tls.key_file, e))
 }
 
-/// Modification time and length of both files: what a rotation changes (Kubernetes swaps a
+type Stamp = Option<(std::time::SystemTime, u64)>;
+
+/// Modification time and length of a file: what a rotation changes (Kubernetes swaps a
 /// symlink; metadata follows it).
-fn stamp(tls: &ListenerTlsConfig) -> Option<[(std::time::SystemTime, u64); 2]> {
-    let one = |p: &Path| {
-        std::fs::metadata(p)
-            .and_then(|m| Ok((m.modified()?, m.len())))
-            .ok()
+fn stamp(path: &Path) -> Stamp {
+    std::fs::metadata(path)
+        .and_then(|m| Ok((m.modified()?, m.len())))
+        .ok()
+}
+
+fn key_stamp(tls: &ListenerTlsConfig) -> [Stamp; 2] {
+    [stamp(&tls.cert_file), stamp(&tls.key_file)]
+}
+
+/// The client verifier for `client_ca_file` (and `client_san`).
+fn client_verifier(
+    tls: &ListenerTlsConfig,
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, TlsFileError> {
+    let Some(ca) = &tls.client_ca_file else {
+        return Err(file_error("client_ca_file", &tls.cert_file, "not set"));
     };
-    Some([one(&tls.cert_file)?, one(&tls.key_file)?])
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in chain("client_ca_file", ca)? {
+        roots
+            .add(cert)
+            .map_err(|e| file_error("client_ca_file", ca, e))?;
+    }
+    let webpki = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| file_error("client_ca_file", ca, e))?;
+    Ok(match &tls.client_san {
+        None => webpki,
+        Some(san) => {
+            let name = ServerName::try_from(san.clone()).map_err(|_| TlsFileError {
+                field: "client_san",
+                path: san.clone(),
+                message: "not a DNS name or IP address".into(),
+            })?;
+            Arc::new(SanVerifier {
+                inner: webpki,
+                name,
+            })
+        }
+    })
+}
+
+/// The CA chain check, then the subjectAltName: the reference verifies the client
+/// certificate as a server certificate for that name would be.
+#[derive(Debug)]
+struct SanVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for SanVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, &self.name)?;
+        Ok(verified)
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The client verifier new handshakes get; swapped whole when the client CA file changes.
+#[derive(Debug)]
+struct RotatingClientVerifier {
+    current: ArcSwap<Arc<dyn ClientCertVerifier>>,
+}
+
+impl ClientCertVerifier for RotatingClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+    /// No CA names are sent (they would have to outlive a rotation); clients with one
+    /// certificate, as Envoy has, present it anyway.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current
+            .load()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current.load().supported_verify_schemes()
+    }
 }
 
 impl ListenerTls {
@@ -113,22 +266,23 @@ impl ListenerTls {
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| file_error("cert_file", &tls.cert_file, e))?;
-        let builder = match &tls.client_ca_file {
-            Some(ca) => {
-                let mut roots = rustls::RootCertStore::empty();
-                for cert in chain("client_ca_file", ca)? {
-                    roots
-                        .add(cert)
-                        .map_err(|e| file_error("client_ca_file", ca, e))?;
+        let client = match &tls.client_ca_file {
+            Some(_) => Some(Arc::new(RotatingClientVerifier {
+                current: ArcSwap::from_pointee(client_verifier(tls, &provider)?),
+            })),
+            None => {
+                if tls.client_san.is_some() {
+                    return Err(file_error(
+                        "client_san",
+                        &tls.cert_file,
+                        "needs tls.client_ca_file (the SAN is checked on verified client certificates)",
+                    ));
                 }
-                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                    Arc::new(roots),
-                    provider.clone(),
-                )
-                .build()
-                .map_err(|e| file_error("client_ca_file", ca, e))?;
-                builder.with_client_cert_verifier(verifier)
+                None
             }
+        };
+        let builder = match &client {
+            Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
             None => builder.with_no_client_auth(),
         };
         let cert = Arc::new(RotatingCert {
@@ -139,37 +293,61 @@ impl ListenerTls {
         Ok(Self {
             config: Arc::new(config),
             cert,
+            client,
             files: tls.clone(),
             provider,
         })
     }
 
-    /// Polls the certificate and key files and serves a changed pair to new handshakes; an
-    /// invalid pair (e.g. caught half-written) is logged and the current one kept.
+    /// Polls the certificate, key and client CA files and serves what changed to new
+    /// handshakes; an invalid file (e.g. caught half-written) is logged and the current one
+    /// kept.
     pub fn spawn_rotation(&self) -> tokio::task::JoinHandle<()> {
-        let (cert, files, provider) =
-            (self.cert.clone(), self.files.clone(), self.provider.clone());
+        let (cert, client, files, provider) = (
+            self.cert.clone(),
+            self.client.clone(),
+            self.files.clone(),
+            self.provider.clone(),
+        );
         tokio::spawn(async move {
-            let mut last = stamp(&files);
+            let mut last = key_stamp(&files);
+            let mut last_ca = files.client_ca_file.as_deref().map(stamp);
             let mut ticks = tokio::time::interval(ROTATION_CHECK);
             loop {
                 ticks.tick().await;
-                let now = stamp(&files);
-                if now == last {
+                let now = key_stamp(&files);
+                if now != last {
+                    match certified_key(&files, &provider) {
+                        Ok(key) => {
+                            cert.current.store(Arc::new(key));
+                            last = now;
+                            tracing::info!(
+                                cert = %files.cert_file.display(),
+                                "gRPC listener certificate reloaded"
+                            );
+                        }
+                        Err(error) => tracing::warn!(
+                            %error,
+                            "gRPC listener certificate not reloaded; still serving the previous one"
+                        ),
+                    }
+                }
+                let (Some(client), Some(ca)) = (&client, &files.client_ca_file) else {
+                    continue;
+                };
+                let now_ca = Some(stamp(ca));
+                if now_ca == last_ca {
                     continue;
                 }
-                match certified_key(&files, &provider) {
-                    Ok(key) => {
-                        cert.current.store(Arc::new(key));
-                        last = now;
-                        tracing::info!(
-                            cert = %files.cert_file.display(),
-                            "gRPC listener certificate reloaded"
-                        );
+                match client_verifier(&files, &provider) {
+                    Ok(verifier) => {
+                        client.current.store(Arc::new(verifier));
+                        last_ca = now_ca;
+                        tracing::info!(ca = %ca.display(), "gRPC listener client CA reloaded");
                     }
                     Err(error) => tracing::warn!(
                         %error,
-                        "gRPC listener certificate not reloaded; still serving the previous one"
+                        "gRPC listener client CA not reloaded; still verifying against the previous one"
                     ),
                 }
             }

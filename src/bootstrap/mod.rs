@@ -9,6 +9,7 @@ mod json;
 pub use edgelimit_policy::duration;
 mod listener;
 pub mod log_filter;
+pub mod otel;
 pub mod readiness;
 pub mod refenv;
 pub mod reload;
@@ -16,6 +17,7 @@ pub mod secret;
 mod serve;
 pub mod telemetry;
 pub mod top;
+pub mod uds;
 pub mod xds;
 
 pub use config::{BackendKind, ServerConfig};

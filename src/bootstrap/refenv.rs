@@ -9,8 +9,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::config::{BackendKind, SecretSource, SentinelConfig, ServerConfig, TlsConfig};
+use super::config::{
+    BackendKind, ConfigOrigin, SecretSource, SentinelConfig, ServerConfig, TlsConfig,
+};
 use super::grpc_tls::ListenerTlsConfig;
+use super::otel::{OtlpProtocol, TracingConfig};
 use super::xds::XdsConfig;
 
 /// The variables naming the HMAC secret, the one addition to the reference's environment.
@@ -60,6 +63,7 @@ const HONOURED: &[&str] = &[
     "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
     "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
     "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
     "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
@@ -68,8 +72,15 @@ const HONOURED: &[&str] = &[
     "GRPC_SERVER_TLS_CERT",
     "GRPC_SERVER_TLS_KEY",
     "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
     "GRPC_UDS",
     "REDIS_PERSECOND",
+    "TRACING_ENABLED",
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
 ];
 
 /// Reference variables with no meaning here, and why (the startup warning says it).
@@ -106,12 +117,6 @@ const MEANINGLESS: &[(&str, &str)] = &[
     ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "back-off doubles without jitter"),
     ("XDS_CLIENT_BACKOFF_JITTER", "back-off doubles without jitter"),
     ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "reconnects follow XDS_CLIENT_BACKOFF_*"),
-    ("TRACING_ENABLED", "no tracing exporter"),
-    ("TRACING_SERVICE_NAME", "no tracing exporter"),
-    ("TRACING_SERVICE_NAMESPACE", "no tracing exporter"),
-    ("TRACING_SERVICE_INSTANCE_ID", "no tracing exporter"),
-    ("TRACING_EXPORTER_PROTOCOL", "no tracing exporter"),
-    ("TRACING_SAMPLING_RATE", "no tracing exporter"),
 ];
 
 /// A setting the operator relies on that cannot be honoured here, or a malformed value.
@@ -229,7 +234,10 @@ fn go_duration(var: &'static str, text: &str) -> Result<Duration, RefEnvError> {
 /// Builds the configuration from `vars` (the process environment in production).
 pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<RefEnv, RefEnvError> {
     let vars = Vars(vars.into_iter().collect());
-    let mut c = ServerConfig::default();
+    let mut c = ServerConfig {
+        origin: ConfigOrigin::ReferenceEnv,
+        ..ServerConfig::default()
+    };
 
     // Files under <RUNTIME_ROOT>/<RUNTIME_SUBDIRECTORY>/<RUNTIME_APPDIRECTORY>/.
     let mut dir = PathBuf::from(vars.or("RUNTIME_ROOT", "/srv/runtime_data/current"));
@@ -245,11 +253,17 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
 
     c.listen = vars.addr("GRPC_HOST", "GRPC_PORT", 8081)?;
     c.admin_listen = vars.addr("HOST", "PORT", 8080)?;
-    if vars.get("GRPC_UDS").is_some_and(|v| !v.is_empty()) {
-        return Err(RefEnvError::Unsupported {
-            var: "GRPC_UDS",
-            problem: "gRPC over a unix socket is not supported; use GRPC_HOST/GRPC_PORT",
-        });
+    if let Some(path) = vars.get("GRPC_UDS").filter(|v| !v.is_empty()) {
+        // As the reference: the socket replaces GRPC_HOST:GRPC_PORT. Mode 0660: Envoy runs
+        // as another user of the same group, never as anyone on the host.
+        c.listen_uds = Some(super::uds::UdsConfig::new(PathBuf::from(path)));
+        if vars.flag("GRPC_SERVER_USE_TLS", false)? {
+            return Err(RefEnvError::Unsupported {
+                var: "GRPC_UDS",
+                problem:
+                    "TLS on the unix socket is not supported; unset GRPC_SERVER_USE_TLS or GRPC_UDS",
+            });
+        }
     }
     if vars.flag("GRPC_SERVER_USE_TLS", false)? {
         let file = |var: &'static str| {
@@ -261,20 +275,23 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
                     problem: "required with GRPC_SERVER_USE_TLS=true",
                 })
         };
-        // Accepting any certificate of the CA when a SAN was asked for would widen access.
-        if vars
+        let client_ca_file = file("GRPC_CLIENT_TLS_CACERT").ok();
+        let client_san = vars
             .get("GRPC_CLIENT_TLS_SAN")
-            .is_some_and(|v| !v.is_empty())
-        {
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned);
+        // Accepting any client when a SAN was asked for would widen access.
+        if client_san.is_some() && client_ca_file.is_none() {
             return Err(RefEnvError::Unsupported {
                 var: "GRPC_CLIENT_TLS_SAN",
-                problem: "client certificates are verified against GRPC_CLIENT_TLS_CACERT only; a SAN check is not supported yet",
+                problem: "needs GRPC_CLIENT_TLS_CACERT: the SAN is checked on client certificates verified against it",
             });
         }
         c.tls = Some(ListenerTlsConfig {
             cert_file: file("GRPC_SERVER_TLS_CERT")?,
             key_file: file("GRPC_SERVER_TLS_KEY")?,
-            client_ca_file: file("GRPC_CLIENT_TLS_CACERT").ok(),
+            client_ca_file,
+            client_san,
         });
     }
     match vars.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
@@ -310,6 +327,7 @@ pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Ref
         });
     }
     redis(&vars, &mut c)?;
+    c.tracing = tracing(&vars)?;
 
     c.log.level = match vars.or("LOG_LEVEL", "WARN").to_ascii_lowercase().as_str() {
         // Debug detail for edgelimit itself; its HTTP/2 and Redis libraries stay at info.
@@ -431,13 +449,11 @@ fn xds(vars: &Vars) -> Result<XdsConfig, RefEnvError> {
             cert_file: file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
             key_file: file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
         };
-        if tls.ca_file.is_none() {
-            return Err(RefEnvError::Unsupported {
-                var: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-                problem: "required with CONFIG_GRPC_XDS_SERVER_USE_TLS=true (the management server is verified against it; system roots are not used)",
-            });
-        }
         x.tls = Some(tls);
+        x.tls_server_name = vars
+            .get("CONFIG_GRPC_XDS_SERVER_TLS_SAN")
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned);
     }
     x.force_start_without_initial_config =
         vars.flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?;
@@ -465,6 +481,168 @@ fn xds(vars: &Vars) -> Result<XdsConfig, RefEnvError> {
     x.validate()
         .map_err(|problem| Vars::invalid("CONFIG_GRPC_XDS_SERVER_URL", &x.server_url, problem))?;
     Ok(x)
+}
+
+/// `TRACING_*`, with the reference's fallbacks to the standard `OTEL_*` variables when a
+/// `TRACING_*` one is unset, and the exporter's own `OTEL_EXPORTER_OTLP_*` / `OTEL_BSP_*`.
+fn tracing(vars: &Vars) -> Result<Option<TracingConfig>, RefEnvError> {
+    let set = |var: &str| vars.get(var).map(str::trim).filter(|v| !v.is_empty());
+    let enabled = match vars.get("TRACING_ENABLED") {
+        Some(_) => vars.flag("TRACING_ENABLED", false)?,
+        None if set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) => false,
+        None => vars
+            .get("OTEL_TRACES_EXPORTER")
+            .is_some_and(|v| !v.trim().eq_ignore_ascii_case("none")),
+    };
+    if !enabled {
+        return Ok(None);
+    }
+    let mut t = TracingConfig::default();
+    let (protocol_var, protocol) = match vars.get("TRACING_EXPORTER_PROTOCOL") {
+        Some(p) => ("TRACING_EXPORTER_PROTOCOL", p.trim().to_ascii_lowercase()),
+        None => match set("OTEL_EXPORTER_OTLP_PROTOCOL") {
+            Some(p) => ("OTEL_EXPORTER_OTLP_PROTOCOL", p.to_ascii_lowercase()),
+            // The reference's default.
+            None => ("TRACING_EXPORTER_PROTOCOL", "http".to_owned()),
+        },
+    };
+    t.protocol = match protocol.as_str() {
+        "grpc" => OtlpProtocol::Grpc,
+        // Binary protobuf, as the reference's exporter sends (JSON is not offered).
+        "http" | "http/protobuf" => OtlpProtocol::Http,
+        _ => {
+            return Err(Vars::invalid(
+                protocol_var,
+                &protocol,
+                "expected grpc, http or http/protobuf",
+            ))
+        }
+    };
+    // Envoy Gateway always writes a scheme; a bare host:port means plaintext, as in Go's.
+    let with_scheme = |e: &str| {
+        if e.contains("://") {
+            e.to_owned()
+        } else {
+            format!("http://{e}")
+        }
+    };
+    let endpoint_var = match set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        // The signal's own endpoint is used as given.
+        Some(e) => {
+            t.endpoint = Some(with_scheme(e));
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        }
+        None => {
+            // The base endpoint: over HTTP, traces go to its /v1/traces.
+            t.endpoint = set("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| match t.protocol {
+                OtlpProtocol::Grpc => with_scheme(e),
+                OtlpProtocol::Http => {
+                    format!("{}/v1/traces", with_scheme(e).trim_end_matches('/'))
+                }
+            });
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        }
+    };
+    if let Some(name) = vars.get("TRACING_SERVICE_NAME") {
+        t.service_name = name.to_owned();
+    } else {
+        t.service_name = set("OTEL_SERVICE_NAME").unwrap_or("RateLimit").to_owned();
+    }
+    let resource: BTreeMap<&str, &str> = vars
+        .or("OTEL_RESOURCE_ATTRIBUTES", "")
+        .split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .filter(|(_, v)| !v.is_empty())
+        .collect();
+    t.service_namespace = match vars.get("TRACING_SERVICE_NAMESPACE") {
+        Some(ns) => Some(ns.to_owned()),
+        None => resource.get("service.namespace").map(|v| v.to_string()),
+    }
+    .filter(|ns| !ns.is_empty());
+    t.service_instance_id = match vars.get("TRACING_SERVICE_INSTANCE_ID") {
+        Some(id) => Some(id.to_owned()),
+        None => resource.get("service.instance.id").map(|v| v.to_string()),
+    }
+    .filter(|id| !id.is_empty());
+    let ratio = |var: &'static str, v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or_else(|| Vars::invalid(var, v, "expected a rate from 0 to 1"))
+    };
+    t.sampling_ratio = match vars.get("TRACING_SAMPLING_RATE") {
+        Some(v) => ratio("TRACING_SAMPLING_RATE", v)?,
+        None => match set("OTEL_TRACES_SAMPLER")
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            Some("always_on" | "parentbased_always_on") => 1.0,
+            Some("always_off" | "parentbased_always_off") => 0.0,
+            Some("traceidratio" | "parentbased_traceidratio") => {
+                match set("OTEL_TRACES_SAMPLER_ARG") {
+                    Some(v) => ratio("OTEL_TRACES_SAMPLER_ARG", v)?,
+                    None => 1.0,
+                }
+            }
+            _ => 1.0,
+        },
+    };
+    let millis = |var: &'static str| -> Result<Option<u64>, RefEnvError> {
+        set(var)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| Vars::invalid(var, v, "expected a number of milliseconds"))
+            })
+            .transpose()
+    };
+    let count = |var: &'static str| -> Result<Option<usize>, RefEnvError> {
+        set(var)
+            .map(|v| {
+                v.parse::<usize>()
+                    .map_err(|_| Vars::invalid(var, v, "expected a number"))
+            })
+            .transpose()
+    };
+    let timeout = match millis("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")? {
+        Some(ms) => Some(ms),
+        None => millis("OTEL_EXPORTER_OTLP_TIMEOUT")?,
+    };
+    if let Some(ms) = timeout {
+        t.export_timeout = Duration::from_millis(ms);
+    }
+    if let Some(ms) = millis("OTEL_BSP_SCHEDULE_DELAY")? {
+        t.scheduled_delay = Duration::from_millis(ms);
+    }
+    if let Some(n) = count("OTEL_BSP_MAX_QUEUE_SIZE")? {
+        t.max_queue_size = n;
+    }
+    if let Some(n) = count("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")? {
+        t.max_export_batch_size = n;
+    }
+    t.validate().map_err(|problem| {
+        let var = [
+            ("tracing.endpoint", endpoint_var),
+            ("tracing.service_name", "TRACING_SERVICE_NAME"),
+            ("tracing.export_timeout", "OTEL_EXPORTER_OTLP_TIMEOUT"),
+            ("tracing.max_queue_size", "OTEL_BSP_MAX_QUEUE_SIZE"),
+            (
+                "tracing.max_export_batch_size",
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            ),
+            ("tracing.scheduled_delay", "OTEL_BSP_SCHEDULE_DELAY"),
+        ]
+        .iter()
+        .find(|(field, _)| problem.starts_with(field))
+        .map_or("TRACING_ENABLED", |(_, var)| *var);
+        RefEnvError::Invalid {
+            var,
+            value: vars.get(var).unwrap_or_default().to_owned(),
+            problem,
+        }
+    })?;
+    Ok(Some(t))
 }
 
 fn redis(vars: &Vars, c: &mut ServerConfig) -> Result<(), RefEnvError> {
@@ -712,7 +890,18 @@ mod tests {
         ]))
         .unwrap_err()
         .to_string();
-        assert!(san.contains("GRPC_CLIENT_TLS_SAN"), "{san}");
+        assert!(san.contains("GRPC_CLIENT_TLS_CACERT"), "{san}");
+        let r = env(&with(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.gateway"),
+        ]))
+        .unwrap();
+        let tls = r.config.tls.unwrap();
+        assert_eq!(tls.client_san.as_deref(), Some("envoy.gateway"));
+        assert!(r.warning.is_none(), "{:?}", r.warning);
     }
 
     #[test]
@@ -739,16 +928,16 @@ mod tests {
             ("http://localhost:18000", "default")
         );
         assert!(!x.force_start_without_initial_config);
+        // No CA: Mozilla's roots, as the reference falls back to the system's.
         let no_ca = env(&with(&[
             ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.internal"),
         ]))
-        .unwrap_err()
-        .to_string();
-        assert!(
-            no_ca.contains("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
-            "{no_ca}"
-        );
+        .unwrap();
+        let x = no_ca.config.xds.unwrap();
+        assert_eq!(x.tls.unwrap().ca_file, None);
+        assert_eq!(x.tls_server_name.as_deref(), Some("xds.internal"));
         let r = env(&with(&[
             ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
@@ -764,5 +953,157 @@ mod tests {
         assert_eq!(tls.ca_file, Some(PathBuf::from("/certs/ca.crt")));
         assert_eq!(tls.key_file, Some(PathBuf::from("/certs/tls.key")));
         assert!(r.warning.is_none(), "{:?}", r.warning);
+    }
+
+    #[test]
+    fn tracing_variables_as_envoy_gateway_sets_them_with_the_grpc_protocol() {
+        assert!(
+            env(&with(&[])).unwrap().config.tracing.is_none(),
+            "off by default"
+        );
+        let r = env(&with(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+            ("TRACING_SERVICE_INSTANCE_ID", "envoy-ratelimit-5d8f-abc"),
+            ("TRACING_SAMPLING_RATE", "0.5"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://otel-collector.monitoring:4317",
+            ),
+        ]))
+        .unwrap();
+        assert!(r.warning.is_none(), "{:?}", r.warning);
+        let t = r.config.tracing.unwrap();
+        assert_eq!(t.endpoint(), "http://otel-collector.monitoring:4317");
+        assert_eq!(t.service_name, "envoy-ratelimit");
+        assert_eq!(t.service_namespace.as_deref(), Some("envoy-gateway-system"));
+        assert_eq!(
+            t.service_instance_id.as_deref(),
+            Some("envoy-ratelimit-5d8f-abc")
+        );
+        assert_eq!(t.sampling_ratio, 0.5);
+
+        // The standard OTEL_* variables stand in for unset TRACING_* ones, as in the reference.
+        let r = env(&with(&[
+            ("OTEL_TRACES_EXPORTER", "otlp"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4317"),
+            ("OTEL_SERVICE_NAME", "rl"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "service.namespace=ns, service.instance.id=pod-1",
+            ),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10"),
+        ]))
+        .unwrap();
+        let t = r.config.tracing.unwrap();
+        assert_eq!(t.endpoint(), "http://collector:4317");
+        assert_eq!(
+            (t.service_name.as_str(), t.service_namespace.as_deref()),
+            ("rl", Some("ns"))
+        );
+        assert_eq!(t.service_instance_id.as_deref(), Some("pod-1"));
+        assert_eq!(t.sampling_ratio, 0.25);
+        assert_eq!(t.export_timeout, Duration::from_millis(2500));
+        assert_eq!((t.max_queue_size, t.max_export_batch_size), (100, 10));
+        assert!(env(&with(&[
+            ("OTEL_SDK_DISABLED", "true"),
+            ("OTEL_TRACES_EXPORTER", "otlp")
+        ]))
+        .unwrap()
+        .config
+        .tracing
+        .is_none());
+        assert_eq!(
+            env(&with(&[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "grpc")
+            ]))
+            .unwrap()
+            .config
+            .tracing
+            .unwrap()
+            .service_name,
+            "RateLimit",
+            "the reference's default service name"
+        );
+    }
+
+    #[test]
+    fn envoy_gateways_tracing_variables_select_otlp_http_as_in_the_reference() {
+        // What Envoy Gateway sets: no protocol, so the reference's default, http.
+        let r = env(&with(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ("TRACING_SAMPLING_RATE", "1.0"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://otel-collector.monitoring:4318",
+            ),
+        ]))
+        .unwrap();
+        let t = r.config.tracing.unwrap();
+        assert_eq!(t.protocol, OtlpProtocol::Http);
+        assert_eq!(
+            t.endpoint(),
+            "http://otel-collector.monitoring:4318/v1/traces"
+        );
+        let t = env(&with(&[("TRACING_ENABLED", "true")]))
+            .unwrap()
+            .config
+            .tracing
+            .unwrap();
+        assert_eq!(t.endpoint(), "http://localhost:4318/v1/traces");
+        let t = env(&with(&[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/custom"),
+        ]))
+        .unwrap()
+        .config
+        .tracing
+        .unwrap();
+        assert_eq!(t.endpoint(), "http://c:4318/custom");
+    }
+
+    #[test]
+    fn tracing_errors_name_the_variable() {
+        for (var, value) in [
+            ("TRACING_SAMPLING_RATE", "2"),
+            ("TRACING_EXPORTER_PROTOCOL", "thrift"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4317"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "5s"),
+        ] {
+            let mut vars = with(&[("TRACING_ENABLED", "true")]);
+            if var != "TRACING_EXPORTER_PROTOCOL" {
+                vars.push(("TRACING_EXPORTER_PROTOCOL", "grpc"));
+            }
+            vars.push((var, value));
+            let e = env(&vars).unwrap_err().to_string();
+            assert!(e.contains(var), "{var}: {e}");
+        }
+    }
+
+    #[test]
+    fn grpc_uds_replaces_the_tcp_listener() {
+        let r = env(&with(&[("GRPC_UDS", "/var/run/ratelimit/grpc.sock")])).unwrap();
+        let uds = r.config.listen_uds.unwrap();
+        assert_eq!(uds.path, PathBuf::from("/var/run/ratelimit/grpc.sock"));
+        assert_eq!(uds.mode_bits(), Ok(0o660));
+        let e = env(&with(&[
+            ("GRPC_UDS", "/tmp/rl.sock"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/c"),
+            ("GRPC_SERVER_TLS_KEY", "/k"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("GRPC_UDS"), "{e}");
     }
 }

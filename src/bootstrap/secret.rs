@@ -9,38 +9,80 @@ use edgelimit_envoy::subject::{SubjectHasher, MIN_SECRET_LEN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretLoadError {
-    #[error("hmac_secret: set exactly one of `file` and `env`")]
-    Ambiguous,
+    #[error("{file} and {env} are both set; set at most one")]
+    Ambiguous {
+        file: &'static str,
+        env: &'static str,
+    },
     // `error` is not a `#[source]`: printed here once, not again by an error chain.
-    #[error("hmac_secret: cannot read the secret file {path}: {error}")]
+    #[error("{field}: cannot read the secret file {path}: {error}")]
     File {
+        field: &'static str,
         path: PathBuf,
         error: std::io::Error,
     },
-    #[error("hmac_secret: environment variable {0} is not set")]
-    Env(String),
-    #[error("hmac_secret: the secret in {origin} is {len} bytes; at least {MIN_SECRET_LEN} are required")]
-    TooShort { origin: String, len: usize },
+    #[error("{field}: environment variable {var} is not set")]
+    Env { field: &'static str, var: String },
+    #[error(
+        "{field}: the secret in {origin} is {len} bytes; at least {MIN_SECRET_LEN} are required"
+    )]
+    TooShort {
+        field: &'static str,
+        origin: String,
+        len: usize,
+    },
     #[error("hmac_secret is required with the Redis backend (keys are shared and must be stable across replicas)")]
     Required,
     #[error("could not generate a random secret: {0}")]
     Random(String),
 }
 
+/// The configuration fields one secret is read from, named by its errors.
+#[derive(Debug, Clone, Copy)]
+struct Fields {
+    file: &'static str,
+    env: &'static str,
+}
+
+const CURRENT: Fields = Fields {
+    file: "hmac_secret.file",
+    env: "hmac_secret.env",
+};
+const PREVIOUS: Fields = Fields {
+    file: "hmac_secret.previous_file",
+    env: "hmac_secret.previous_env",
+};
+
 /// Reads the configured secret; `None` if none is configured.
 pub fn load(source: &SecretSource) -> Result<Option<Zeroizing<Vec<u8>>>, SecretLoadError> {
+    load_from(source, CURRENT)
+}
+
+fn load_from(
+    source: &SecretSource,
+    fields: Fields,
+) -> Result<Option<Zeroizing<Vec<u8>>>, SecretLoadError> {
     let mut bytes = match (&source.file, &source.env) {
-        (Some(_), Some(_)) => return Err(SecretLoadError::Ambiguous),
+        (Some(_), Some(_)) => {
+            return Err(SecretLoadError::Ambiguous {
+                file: fields.file,
+                env: fields.env,
+            })
+        }
         (None, None) => return Ok(None),
         (Some(path), None) => {
             Zeroizing::new(std::fs::read(path).map_err(|error| SecretLoadError::File {
+                field: fields.file,
                 path: path.clone(),
                 error,
             })?)
         }
         (None, Some(var)) => Zeroizing::new(
             std::env::var_os(var)
-                .ok_or_else(|| SecretLoadError::Env(var.clone()))?
+                .ok_or_else(|| SecretLoadError::Env {
+                    field: fields.env,
+                    var: var.clone(),
+                })?
                 .into_encoded_bytes(),
         ),
     };
@@ -49,21 +91,19 @@ pub fn load(source: &SecretSource) -> Result<Option<Zeroizing<Vec<u8>>>, SecretL
         bytes.pop();
     }
     if bytes.len() < MIN_SECRET_LEN {
-        return Err(SecretLoadError::TooShort {
-            origin: origin(source),
-            len: bytes.len(),
-        });
+        return Err(too_short(source, fields, bytes.len()));
     }
     Ok(Some(bytes))
 }
 
-/// Where a secret came from, for messages: the file's path or the variable's name.
-fn origin(source: &SecretSource) -> String {
-    match (&source.file, &source.env) {
-        (Some(path), _) => format!("file {}", path.display()),
-        (None, Some(var)) => format!("environment variable {var}"),
-        (None, None) => "the generated secret".into(),
-    }
+/// Names the field, and the file's path or the variable's name (never the secret).
+fn too_short(source: &SecretSource, fields: Fields, len: usize) -> SecretLoadError {
+    let (field, origin) = match (&source.file, &source.env) {
+        (Some(path), _) => (fields.file, format!("file {}", path.display())),
+        (None, Some(var)) => (fields.env, format!("environment variable {var}")),
+        (None, None) => ("hmac_secret", "the generated secret".into()),
+    };
+    SecretLoadError::TooShort { field, origin, len }
 }
 
 /// The hasher for this process: the configured secret, or — only where keys never leave the
@@ -82,10 +122,7 @@ pub fn hasher(
         }
     };
     let len = secret.len();
-    let hasher = SubjectHasher::new(secret).map_err(|_| SecretLoadError::TooShort {
-        origin: origin(source),
-        len,
-    })?;
+    let hasher = SubjectHasher::new(secret).map_err(|_| too_short(source, CURRENT, len))?;
     Ok((hasher, generated))
 }
 
@@ -94,16 +131,13 @@ pub fn previous_hasher(source: &SecretSource) -> Result<Option<SubjectHasher>, S
     let Some(previous) = source.previous() else {
         return Ok(None);
     };
-    let Some(secret) = load(&previous)? else {
+    let Some(secret) = load_from(&previous, PREVIOUS)? else {
         return Ok(None);
     };
     let len = secret.len();
     SubjectHasher::new(secret)
         .map(Some)
-        .map_err(|_| SecretLoadError::TooShort {
-            origin: origin(&previous),
-            len,
-        })
+        .map_err(|_| too_short(&previous, PREVIOUS, len))
 }
 
 #[cfg(test)]
@@ -123,6 +157,10 @@ mod tests {
         std::fs::write(&path, "short-secret-value\n").unwrap();
         let err = load(&src).unwrap_err().to_string();
         assert!(err.contains("18 bytes"), "{err}");
+        assert!(
+            err.starts_with("hmac_secret.file: "),
+            "names the field: {err}"
+        );
         assert!(
             err.contains(&path.display().to_string()),
             "names the file: {err}"
@@ -144,12 +182,15 @@ mod tests {
             env: Some("Y".into()),
             ..SecretSource::default()
         };
-        assert!(matches!(load(&both), Err(SecretLoadError::Ambiguous)));
+        assert!(matches!(
+            load(&both),
+            Err(SecretLoadError::Ambiguous { .. })
+        ));
         let missing = SecretSource {
             env: Some("EDGELIMIT_TEST_SURELY_UNSET_VARIABLE".into()),
             ..SecretSource::default()
         };
-        assert!(matches!(load(&missing), Err(SecretLoadError::Env(_))));
+        assert!(matches!(load(&missing), Err(SecretLoadError::Env { .. })));
     }
 
     #[test]
@@ -162,5 +203,31 @@ mod tests {
         let text = format!("{err:#}");
         assert!(text.contains("/nonexistent/edgelimit-secret"), "{text}");
         assert_eq!(text.matches("No such file").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn the_previous_secret_names_its_own_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let current = dir.path().join("current");
+        let previous = dir.path().join("previous");
+        std::fs::write(&current, "c".repeat(32)).unwrap();
+        std::fs::write(&previous, "short").unwrap();
+        let src = SecretSource {
+            file: Some(current),
+            previous_file: Some(previous.clone()),
+            ..SecretSource::default()
+        };
+        let err = previous_hasher(&src).expect_err("too short").to_string();
+        assert!(err.starts_with("hmac_secret.previous_file: "), "{err}");
+        assert!(err.contains(&previous.display().to_string()), "{err}");
+        let src = SecretSource {
+            previous_env: Some("EDGELIMIT_TEST_SURELY_UNSET_VARIABLE".into()),
+            ..src
+        };
+        let err = previous_hasher(&src).expect_err("ambiguous").to_string();
+        assert!(
+            err.starts_with("hmac_secret.previous_file and hmac_secret.previous_env"),
+            "{err}"
+        );
     }
 }

@@ -17,6 +17,7 @@ use super::readiness::{self, Readiness};
 use super::reload::{self, Reloader};
 use super::{secret, telemetry};
 use crate::contract::RateLimitPort;
+use crate::envoy::trace::TracedPort;
 use crate::envoy::{FailureMode, HeaderSettings, RateLimiter, ServiceSettings};
 use crate::memory::{MemoryBackend, MemoryConfig};
 use crate::policy::{LoadOptions, PolicySet};
@@ -29,7 +30,9 @@ const RLS_DESCRIPTORS: &[u8] = include_bytes!("../../proto/rls_descriptors.bin")
 /// What a running server exposes to its caller (tests, `main`).
 #[derive(Debug, Clone)]
 pub struct ServeHandle {
-    pub grpc_addr: SocketAddr,
+    /// The TCP listener's address; `None` with `listen_uds`.
+    pub grpc_addr: Option<SocketAddr>,
+    pub grpc_uds: Option<std::path::PathBuf>,
     pub admin_addr: SocketAddr,
 }
 
@@ -47,6 +50,13 @@ pub fn load_options(config: &ServerConfig) -> LoadOptions {
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// An error in a setting found after parsing, prefixed with where the setting came from (the
+/// configuration file, or the reference environment), as parse errors are. The error's own
+/// text names the field; it is printed as one message, not as a chain that would repeat it.
+fn located(config: &ServerConfig, error: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{}{error}", config.origin.prefix())
 }
 
 pub fn load_policies(config: &ServerConfig) -> anyhow::Result<PolicySet> {
@@ -110,6 +120,11 @@ pub async fn serve(
     ready: Option<tokio::sync::oneshot::Sender<ServeHandle>>,
 ) -> anyhow::Result<()> {
     let metrics = telemetry::install()?;
+    let otel = match config.tracing.as_ref().filter(|t| t.enabled) {
+        Some(t) => Some(super::otel::start(t)?),
+        None => None,
+    };
+    let tracer = otel.as_ref().map(|t| t.tracer.clone());
     let policies = match &config.xds {
         // Empty until the management server's first snapshot.
         Some(_) => PolicySet::from_sources(Vec::new(), &load_options(&config))
@@ -129,7 +144,8 @@ pub async fn serve(
     let policies = Arc::new(ArcSwap::from_pointee(policies));
     match config.backend_kind() {
         BackendKind::Memory => {
-            let (hasher, _) = secret::hasher(&config.hmac_secret, false)?;
+            let (hasher, _) =
+                secret::hasher(&config.hmac_secret, false).map_err(|e| located(&config, e))?;
             let backend = MemoryBackend::new(MemoryConfig {
                 max_subjects: config.memory.max_subjects,
                 ..MemoryConfig::default()
@@ -142,13 +158,16 @@ pub async fn serve(
             let ops = Ops {
                 metrics,
                 tasks: vec![sampler],
+                otel,
             };
-            run(config, policies, backend, hasher, ops, shutdown, ready).await
+            let port = Arc::new(TracedPort::new(backend, tracer, "memory"));
+            run(config, policies, port, hasher, ops, shutdown, ready).await
         }
         BackendKind::Redis => {
-            let (hasher, _) = secret::hasher(&config.hmac_secret, true)?;
-            let settings = config.redis.settings()?;
-            let backend = RedisBackend::start(settings)?;
+            let (hasher, _) =
+                secret::hasher(&config.hmac_secret, true).map_err(|e| located(&config, e))?;
+            let settings = config.redis.settings().map_err(|e| located(&config, e))?;
+            let backend = RedisBackend::start(settings).map_err(|e| located(&config, e))?;
             // Serving before the first connection would deny every early request.
             let bound = config.redis.connect_timeout * 2;
             if !backend.wait_connected(bound).await {
@@ -162,9 +181,11 @@ pub async fn serve(
             let ops = Ops {
                 metrics,
                 tasks: vec![sampler],
+                otel,
             };
+            // Inside the deny cache: a local denial is not a backend call.
             let cached = Arc::new(DenyCache::new(
-                backend,
+                Arc::new(TracedPort::new(backend, tracer, "redis")),
                 DenyCacheSettings {
                     enabled: config.deny_cache.enabled,
                     max_entries: config.deny_cache.max_entries,
@@ -180,6 +201,8 @@ struct Ops {
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Backend-specific background tasks, stopped when the server stops.
     tasks: Vec<JoinHandle<()>>,
+    /// The span exporter, flushed when the server stops.
+    otel: Option<super::otel::Tracing>,
 }
 
 async fn run<B: RateLimitPort>(
@@ -218,7 +241,9 @@ async fn run<B: RateLimitPort>(
             config.limits.max_response_bytes,
         )
     });
-    if let Some(previous) = secret::previous_hasher(&config.hmac_secret)? {
+    if let Some(previous) =
+        secret::previous_hasher(&config.hmac_secret).map_err(|e| located(&config, e))?
+    {
         tracing::warn!(
             "HMAC secret rotation in progress: every limit is also enforced under the previous secret"
         );
@@ -233,6 +258,12 @@ async fn run<B: RateLimitPort>(
     tasks.push(telemetry::spawn_upkeep(ops.metrics.clone()));
     match &config.xds {
         Some(xds) => {
+            // The files are read again on every connection (rotation); unusable ones at start
+            // stop it with one located error, as the listener's certificates do, instead of a
+            // stream error repeated on every retry.
+            if let Some(tls) = &xds.tls {
+                super::xds::tls::client_config(tls).map_err(|e| located(&config, e))?;
+            }
             tasks.push(super::xds::start(xds, load_options(&config), policies.clone()).await)
         }
         None => tasks.push(reload::spawn(Reloader::new(
@@ -244,13 +275,21 @@ async fn run<B: RateLimitPort>(
 
     // Certificate problems stop the start, before anything listens.
     let listener_tls = match &config.tls {
-        Some(tls) => Some(super::grpc_tls::ListenerTls::load(tls)?),
+        Some(tls) => {
+            Some(super::grpc_tls::ListenerTls::load(tls).map_err(|e| located(&config, e))?)
+        }
         None => None,
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let grpc_addr = listener.local_addr()?;
+    let (listener, uds) = match &config.listen_uds {
+        Some(uds) => (None, Some(Arc::new(super::uds::bind(uds)?))),
+        None => {
+            let listener = TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("cannot listen on {}", config.listen))?;
+            (Some(listener), None)
+        }
+    };
+    let grpc_addr = listener.as_ref().map(TcpListener::local_addr).transpose()?;
     let admin_listener = TcpListener::bind(config.admin_listen)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", config.admin_listen))?;
@@ -279,8 +318,10 @@ async fn run<B: RateLimitPort>(
             tracing::error!(%error, "admin listener failed");
         }
     }));
+    let grpc_uds = config.listen_uds.as_ref().map(|u| u.path.clone());
     tracing::info!(
-        %grpc_addr,
+        grpc_addr = ?grpc_addr,
+        grpc_uds = ?grpc_uds,
         %admin_addr,
         tls = listener_tls.is_some(),
         "serving Envoy RateLimitService and admin HTTP"
@@ -288,6 +329,7 @@ async fn run<B: RateLimitPort>(
     if let Some(ready) = ready {
         let _ = ready.send(ServeHandle {
             grpc_addr,
+            grpc_uds,
             admin_addr,
         });
     }
@@ -297,10 +339,12 @@ async fn run<B: RateLimitPort>(
         .build_v1()
         .context("building the gRPC reflection service")?;
     let limits = &config.limits;
-    let rls = edgelimit_envoy::RateLimitServer::from_arc(limiter)
+    let mut rls = edgelimit_envoy::RateLimitServer::from_arc(limiter)
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_response_bytes);
-    let incoming = GuardedIncoming::new(listener, connection_limits(limits));
+    if let Some(otel) = &ops.otel {
+        rls = rls.with_tracer(otel.tracer.clone());
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
@@ -315,15 +359,24 @@ async fn run<B: RateLimitPort>(
     };
     type ServerFuture<'a> =
         std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send + 'a>>;
-    let server: ServerFuture<'_> = match listener_tls {
-        Some(tls) => {
+    let server: ServerFuture<'_> = match (listener, &uds, listener_tls) {
+        (Some(listener), _, Some(tls)) => {
+            let incoming = GuardedIncoming::new(listener, connection_limits(limits));
             tasks.push(tls.spawn_rotation());
             let (incoming, handshakes) =
                 super::grpc_tls::incoming(incoming, tls.config, limits.handshake_timeout);
             tasks.push(handshakes);
             Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
         }
-        None => Box::pin(router.serve_with_incoming_shutdown(incoming, stopped)),
+        (Some(listener), _, None) => {
+            let incoming = GuardedIncoming::new(listener, connection_limits(limits));
+            Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        (None, Some(uds), _) => {
+            let incoming = super::uds::UdsIncoming::new(uds.clone(), limits.max_connections);
+            Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        (None, None, _) => anyhow::bail!("no gRPC listener"),
     };
     tokio::pin!(server);
     let result = tokio::select! {
@@ -335,6 +388,12 @@ async fn run<B: RateLimitPort>(
     for task in tasks {
         task.abort();
     }
+    if let Some(otel) = ops.otel {
+        otel.shutdown().await;
+    }
+    // The socket file goes with the listener (the server, which held the other handle, is
+    // done).
+    drop(uds);
     result
 }
 

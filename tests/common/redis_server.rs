@@ -145,7 +145,20 @@ impl RedisServer {
         }
     }
 
-    /// Starts an empty server again on the same port (after `stop`).
+    /// Kills the process and starts it again on the same port with nothing persisted: the
+    /// AOF and RDB files are deleted first, so every key is lost (a Redis without persistence).
+    pub fn restart_empty(&mut self) {
+        self.stop();
+        for name in ["appendonlydir", "dump.rdb"] {
+            let path = self.dir.path().join(name);
+            let _ = std::fs::remove_dir_all(&path);
+            let _ = std::fs::remove_file(&path);
+        }
+        self.restart();
+    }
+
+    /// Starts the server again on the same port and directory (after `stop`): with
+    /// `--appendonly yes` the AOF is replayed, otherwise it starts empty.
     pub fn restart(&mut self) {
         self.stop();
         let deadline = Instant::now() + Duration::from_secs(10);

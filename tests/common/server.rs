@@ -250,6 +250,13 @@ impl EdgelimitServer {
         None
     }
 
+    /// The exit status if the process has exited (without waiting).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
         let endpoint = format!("http://127.0.0.1:{}", self.grpc_port);
         RateLimitServiceClient::connect(endpoint)

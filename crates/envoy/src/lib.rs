@@ -12,6 +12,7 @@ mod response;
 mod service;
 mod settings;
 pub mod subject;
+pub mod trace;
 mod translate;
 pub mod wire;
 

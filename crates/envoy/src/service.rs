@@ -26,6 +26,7 @@ use crate::deadline::parse_grpc_timeout;
 use crate::limiter::RateLimiter;
 use crate::metrics::{record_malformed_request, record_request_seconds};
 use crate::settings::FailureMode;
+use crate::trace::RequestTracer;
 use crate::wire;
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -35,6 +36,8 @@ pub struct RateLimitServer<B> {
     limiter: Arc<RateLimiter<B>>,
     max_decoding_message_size: Option<usize>,
     max_encoding_message_size: Option<usize>,
+    /// Set only when tracing is configured.
+    tracer: Option<Arc<RequestTracer>>,
 }
 
 impl<B> Clone for RateLimitServer<B> {
@@ -43,6 +46,7 @@ impl<B> Clone for RateLimitServer<B> {
             limiter: Arc::clone(&self.limiter),
             max_decoding_message_size: self.max_decoding_message_size,
             max_encoding_message_size: self.max_encoding_message_size,
+            tracer: self.tracer.clone(),
         }
     }
 }
@@ -60,7 +64,15 @@ impl<B> RateLimitServer<B> {
             limiter,
             max_decoding_message_size: None,
             max_encoding_message_size: None,
+            tracer: None,
         }
+    }
+
+    /// Traces every call (see [`crate::trace`]).
+    #[must_use]
+    pub fn with_tracer(mut self, tracer: Arc<RequestTracer>) -> Self {
+        self.tracer = Some(tracer);
+        self
     }
 
     #[must_use]
@@ -98,7 +110,7 @@ where
         if request.uri().path() != SHOULD_RATE_LIMIT {
             return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
         }
-        let method = ShouldRateLimit(Arc::clone(&self.limiter));
+        let method = ShouldRateLimit(Arc::clone(&self.limiter), self.tracer.clone());
         let (decoding, encoding) = (
             self.max_decoding_message_size,
             self.max_encoding_message_size,
@@ -111,7 +123,7 @@ where
     }
 }
 
-struct ShouldRateLimit<B>(Arc<RateLimiter<B>>);
+struct ShouldRateLimit<B>(Arc<RateLimiter<B>>, Option<Arc<RequestTracer>>);
 
 impl<B: RateLimitPort> UnaryService<Decoded> for ShouldRateLimit<B> {
     type Response = RateLimitResponse;
@@ -119,7 +131,14 @@ impl<B: RateLimitPort> UnaryService<Decoded> for ShouldRateLimit<B> {
 
     fn call(&mut self, request: Request<Decoded>) -> Self::Future {
         let limiter = Arc::clone(&self.0);
-        Box::pin(async move {
+        // The one branch tracing costs when it is off.
+        let span = self.1.as_ref().map(|tracer| match request.get_ref() {
+            Decoded::Request(r) => {
+                tracer.start(request.metadata(), Some(&r.domain), r.descriptors.len())
+            }
+            Decoded::Malformed(_) => tracer.start(request.metadata(), None, 0),
+        });
+        let call = async move {
             let started = Instant::now();
             let timeout = request
                 .metadata()
@@ -137,7 +156,11 @@ impl<B: RateLimitPort> UnaryService<Decoded> for ShouldRateLimit<B> {
             };
             record_request_seconds(started.elapsed().as_secs_f64());
             result.map(Response::new)
-        })
+        };
+        match span {
+            None => Box::pin(call),
+            Some(cx) => Box::pin(RequestTracer::run(cx, call)),
+        }
     }
 }
 

@@ -91,7 +91,7 @@ impl Connector {
         let client_error = |e: RedisError| RedisSetupError::Client(format!("{:?}", e.kind()));
         match &settings.topology {
             Topology::Standalone { url } => {
-                let info = with_credentials(parse(url)?, settings);
+                let info = with_credentials(parse("redis.url", url)?, settings);
                 let client = match certs {
                     Some(certs) => Client::build_with_tls(info, certs),
                     None => Client::open(info),
@@ -103,6 +103,10 @@ impl Connector {
                 "a cluster is connected node by node".into(),
             )),
             Topology::Sentinel(sentinel) => {
+                // Located errors for the Sentinels' URLs (the client's own name no field).
+                for url in &sentinel.nodes {
+                    parse("redis.sentinel.nodes", url)?;
+                }
                 let client = sentinel_client(sentinel, settings, certs).map_err(client_error)?;
                 Ok(Self::Sentinel(SentinelResolver {
                     client: Mutex::new(client),
@@ -184,13 +188,14 @@ impl NodeClients {
         let mut seeds = Vec::with_capacity(nodes.len());
         let mut template = None;
         for url in nodes {
-            let info = with_credentials(parse(url)?, settings);
+            let info = with_credentials(parse("redis.cluster_nodes", url)?, settings);
             let addr = match info.addr() {
                 ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
                     format!("{host}:{port}")
                 }
                 _ => {
                     return Err(RedisSetupError::url(
+                        "redis.cluster_nodes",
                         url,
                         &RedisError::from((
                             ErrorKind::InvalidClientConfig,
@@ -242,9 +247,9 @@ impl NodeClients {
     }
 }
 
-fn parse(url: &str) -> Result<ConnectionInfo, RedisSetupError> {
+fn parse(field: &'static str, url: &str) -> Result<ConnectionInfo, RedisSetupError> {
     url.into_connection_info()
-        .map_err(|e| RedisSetupError::url(url, &e))
+        .map_err(|e| RedisSetupError::url(field, url, &e))
 }
 
 /// `redis.username` / `redis.password` win over credentials in the URL.

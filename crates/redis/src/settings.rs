@@ -179,8 +179,12 @@ impl Default for RedisSettings {
 #[derive(Debug, thiserror::Error)]
 pub enum RedisSetupError {
     /// The URL is printed redacted; the parser's reason names no part of it.
-    #[error("invalid Redis URL {url}: {reason}")]
-    Url { url: String, reason: String },
+    #[error("{field}: invalid Redis URL {url}: {reason}")]
+    Url {
+        field: &'static str,
+        url: String,
+        reason: String,
+    },
     #[error("redis.{name} = {value:?} is outside {min:?}..={max:?}")]
     OutOfRange {
         name: &'static str,
@@ -200,10 +204,12 @@ pub enum RedisSetupError {
     HalfClientCert,
     #[error("redis.tls is set but {url} is not a rediss:// URL")]
     TlsWithoutRediss { url: String },
-    #[error("redis.tls: cannot read {path}: {source}")]
+    // `error` is not a `#[source]`: printed here once, not again by an error chain.
+    #[error("redis.tls.{field}: cannot read {path}: {error}")]
     TlsFile {
+        field: &'static str,
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("redis.tls: {0}")]
     Tls(String),
@@ -212,8 +218,9 @@ pub enum RedisSetupError {
 }
 
 impl RedisSetupError {
-    pub(crate) fn url(url: &str, error: &::redis::RedisError) -> Self {
+    pub(crate) fn url(field: &'static str, url: &str, error: &::redis::RedisError) -> Self {
         Self::Url {
+            field,
             url: Redacted(url).to_string(),
             // `kind` and the static description only: the detail may quote the URL.
             reason: format!("{:?}", error.kind()),

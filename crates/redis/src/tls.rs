@@ -13,17 +13,22 @@ pub fn install_crypto_provider() {
 /// Reads the PEM files named in `redis.tls`. The key's bytes only reach the TLS stack; errors
 /// name the file, never its content.
 pub fn certificates(files: &TlsFiles) -> Result<TlsCertificates, RedisSetupError> {
-    let read = |path: &std::path::PathBuf| {
-        std::fs::read(path).map_err(|source| RedisSetupError::TlsFile {
+    let read = |field: &'static str, path: &std::path::PathBuf| {
+        std::fs::read(path).map_err(|error| RedisSetupError::TlsFile {
+            field,
             path: path.clone(),
-            source,
+            error,
         })
     };
-    let root_cert = files.ca_file.as_ref().map(read).transpose()?;
+    let root_cert = files
+        .ca_file
+        .as_ref()
+        .map(|p| read("ca_file", p))
+        .transpose()?;
     let client_tls = match (&files.cert_file, &files.key_file) {
         (Some(cert), Some(key)) => Some(ClientTlsConfig {
-            client_cert: read(cert)?,
-            client_key: read(key)?,
+            client_cert: read("cert_file", cert)?,
+            client_key: read("key_file", key)?,
         }),
         (None, None) => None,
         _ => return Err(RedisSetupError::HalfClientCert),

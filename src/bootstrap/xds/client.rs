@@ -33,6 +33,8 @@ pub struct XdsSettings {
     pub max_message_bytes: usize,
     /// CA (and client certificate) for an `https://` server.
     pub tls: Option<crate::bootstrap::config::TlsConfig>,
+    /// Name the server's certificate is verified for, instead of the URL's host.
+    pub tls_server_name: Option<String>,
 }
 
 /// What one stream came to, for the back-off decision.
@@ -119,7 +121,10 @@ async fn stream(
             let config = super::tls::client_config(tls)?;
             tokio::time::timeout(
                 settings.connect_timeout,
-                endpoint.connect_with_connector(super::tls::connector(config)),
+                endpoint.connect_with_connector(super::tls::connector_named(
+                    config,
+                    settings.tls_server_name.clone(),
+                )),
             )
             .await
             .map_err(|_| anyhow::anyhow!("TLS connection timed out"))??

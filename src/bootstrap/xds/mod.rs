@@ -27,9 +27,14 @@ pub struct XdsConfig {
     /// Serve (with no policies) before the first snapshot instead of waiting for it.
     #[serde(default)]
     pub force_start_without_initial_config: bool,
-    /// CA to verify the management server, and a client certificate for mTLS.
+    /// CA to verify the management server (Mozilla's roots when `ca_file` is unset), and a
+    /// client certificate for mTLS.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Verify the management server's certificate for this name rather than the URL's host
+    /// (the reference's `CONFIG_GRPC_XDS_SERVER_TLS_SAN`).
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
     #[serde(default = "default_connect_timeout", with = "serde_duration")]
     pub connect_timeout: Duration,
     #[serde(default = "default_backoff_initial", with = "serde_duration")]
@@ -61,6 +66,7 @@ impl XdsConfig {
             node_id,
             force_start_without_initial_config: false,
             tls: None,
+            tls_server_name: None,
             connect_timeout: default_connect_timeout(),
             backoff_initial: default_backoff_initial(),
             backoff_max: default_backoff_max(),
@@ -82,13 +88,21 @@ impl XdsConfig {
                 return Err("xds.tls: set, so xds.server_url must be https://".into())
             }
             (None, true) => {
-                return Err("xds.server_url: https:// needs xds.tls (at least ca_file)".into())
+                return Err(
+                    "xds.server_url: https:// needs xds.tls (an empty one verifies against Mozilla's roots)"
+                        .into(),
+                )
             }
             _ => {}
         }
-        if let Some(tls) = &self.tls {
-            if tls.ca_file.is_none() {
-                return Err("xds.tls.ca_file: required to verify the management server".into());
+        if let Some(name) = &self.tls_server_name {
+            if self.tls.is_none() {
+                return Err("xds.tls_server_name: needs xds.tls".into());
+            }
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                return Err(format!(
+                    "xds.tls_server_name: {name:?} is not a DNS name or IP address"
+                ));
             }
         }
         if self.node_id.is_empty() {
@@ -114,6 +128,7 @@ impl XdsConfig {
             backoff_max: self.backoff_max,
             max_message_bytes: self.max_message_bytes,
             tls: self.tls.clone(),
+            tls_server_name: self.tls_server_name.clone(),
         }
     }
 }

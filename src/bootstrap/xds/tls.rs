@@ -39,19 +39,22 @@ fn certs(field: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>
     Ok(certs)
 }
 
-/// The rustls client configuration for `tls`: the CA is required (the management server is
-/// private to the cluster), the client certificate optional (mTLS).
+/// The rustls client configuration for `tls`: the server is verified against `ca_file`, or
+/// Mozilla's roots (compiled in: the image has no CA bundle) when it is unset, as the
+/// reference falls back to the system's; the client certificate is optional (mTLS).
 pub fn client_config(tls: &TlsConfig) -> Result<Arc<rustls::ClientConfig>, XdsTlsError> {
-    let ca = tls.ca_file.as_deref().ok_or_else(|| {
-        XdsTlsError::Config("ca_file is required to verify the management server".into())
-    })?;
     let mut roots = rustls::RootCertStore::empty();
-    for cert in certs("ca_file", ca)? {
-        roots.add(cert).map_err(|e| XdsTlsError::File {
-            field: "ca_file",
-            path: ca.display().to_string(),
-            message: e.to_string(),
-        })?;
+    match tls.ca_file.as_deref() {
+        Some(ca) => {
+            for cert in certs("ca_file", ca)? {
+                roots.add(cert).map_err(|e| XdsTlsError::File {
+                    field: "ca_file",
+                    path: ca.display().to_string(),
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
@@ -93,9 +96,25 @@ pub fn connector(
 > + Clone
        + Send
        + 'static {
+    connector_named(config, None)
+}
+
+/// As [`connector`], verifying the certificate against `server_name` when given.
+pub fn connector_named(
+    config: Arc<rustls::ClientConfig>,
+    server_name: Option<String>,
+) -> impl tower::Service<
+    Uri,
+    Response = TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
     let connector = tokio_rustls::TlsConnector::from(config);
     tower::service_fn(move |uri: Uri| {
         let connector = connector.clone();
+        let server_name = server_name.clone();
         async move {
             let invalid =
                 |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, m.to_owned());
@@ -107,7 +126,7 @@ pub fn connector(
                 .trim_end_matches(']')
                 .to_owned();
             let port = uri.port_u16().unwrap_or(443);
-            let name = ServerName::try_from(host.clone())
+            let name = ServerName::try_from(server_name.unwrap_or_else(|| host.clone()))
                 .map_err(|_| invalid("xds.server_url host is not a valid TLS server name"))?;
             let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             let _ = tcp.set_nodelay(true);

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Instructions redis-server executes per decision for the composed Lua programs, counted by
+# valgrind's callgrind: repeatable on a noisy machine (the same count for the same program,
+# arguments and Redis build whatever else runs), so a change to lua/ can be measured A/B.
+#
+#   bash bench/lua-instructions.sh [directory of composed programs]
+#
+# Without an argument it composes the programs of this checkout (examples/lua_programs).
+# For each case it starts a private redis-server under callgrind on a free loopback port,
+# warms it up with redis-benchmark (keys bench:{__rand_int__}, -r 1000: real state), zeroes
+# the counters, runs N more calls and reads the total. Needs valgrind, redis-server,
+# redis-benchmark, redis-cli. About a minute per case.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for tool in valgrind callgrind_control redis-server redis-cli redis-benchmark; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "error: $tool not found" >&2; exit 2; }
+done
+
+WORK=$(mktemp -d)
+VPID=
+cleanup() {
+  [ -n "$VPID" ] && kill "$VPID" 2>/dev/null && wait "$VPID" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+LUA=${1:-}
+if [ -z "$LUA" ]; then
+  LUA=$WORK/lua
+  cargo run --quiet --locked --example lua_programs -- "$LUA" >/dev/null
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# The check arguments of one fixed-window limit (1,000,000 per hour): as the server sends them.
+COMMON="1 bench 00000000000000aa 1 1000 60000"
+PARAMS="3600000 1000000"
+
+# measure LABEL FILE MEMBERS N KEYS... -- ARGS...: instructions per decision.
+measure() {
+  local label=$1 file=$2 members=$3 n=$4
+  shift 4
+  local port out
+  port=$(free_port)
+  out=$WORK/cg.$port
+  valgrind --tool=callgrind --callgrind-out-file="$out.%p" redis-server --port "$port" \
+    --bind 127.0.0.1 --save '' --appendonly no >"$WORK/valgrind.log" 2>&1 &
+  VPID=$!
+  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  local sha
+  sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$file")")
+  redis-benchmark -p "$port" -c 4 -P 4 -n 400 -r 1000 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
+  callgrind_control -z "$VPID" >/dev/null
+  redis-benchmark -p "$port" -c 4 -P 4 -n "$n" -r 1000 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
+  callgrind_control -d "$VPID" >/dev/null
+  kill "$VPID"; wait "$VPID" 2>/dev/null || true
+  VPID=
+  local total
+  total=$(grep -h '^summary:' "$out".*.1 | awk '{print $2}')
+  printf '  %-44s %9.0f instructions per decision\n' "$label" \
+    "$(awk -v t="$total" -v n="$n" -v m="$members" 'BEGIN { print t / n / m }')"
+}
+
+echo "== Lua program cost inside redis-server ($(redis-server --version | cut -d' ' -f3)), callgrind"
+measure "rate-fixed-window-v1 (one limit, alone)" "$LUA/rate-fixed-window-v1.lua" 1 4000 \
+  1 'bench:{__rand_int__}' $COMMON $PARAMS
+for m in 1 16; do
+  keys=()
+  args=(1 "$m")
+  for _ in $(seq "$m"); do
+    keys+=('bench:{__rand_int__}')
+    args+=(1 commit 1 '' 1 f 0 $COMMON $PARAMS)
+  done
+  measure "rate-batch-v1, $m member(s) of one limit" "$LUA/rate-batch-v1.lua" "$m" \
+    $((4000 / m + 100)) "$m" "${keys[@]}" "${args[@]}"
+done
