@@ -17,3 +17,4 @@ pub use edgelimit_memory as memory;
 pub use edgelimit_policy as policy;
 pub use edgelimit_policy::duration;
 pub use edgelimit_redis as redis;
+pub use edgelimit_rlqs as rlqs;

@@ -162,7 +162,10 @@ fn every_example_yaml_file_parses() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 3, "envoy.yaml, edgelimit.yaml, docker-compose.yaml");
+    assert_eq!(
+        seen, 4,
+        "envoy.yaml, envoy-rlqs.yaml, edgelimit.yaml, docker-compose.yaml"
+    );
 }
 
 #[test]
@@ -273,4 +276,94 @@ fn envoy_descriptors_use_domains_and_keys_that_policies_define() {
         }
     }
     assert!(checked >= 6, "{checked}");
+}
+
+/// `envoy-rlqs.yaml`: the `rate_limit_quota` filter reaches the edgelimit cluster over HTTP/2,
+/// its domain is a policy domain, and every bucket its matchers build maps to a limit of
+/// `policies/` through the server's own bucket mapping (a sample value for header inputs).
+#[test]
+fn rlqs_example_buckets_map_to_policy_limits() {
+    use edgelimit::rlqs::bucket::{resolve, BucketKey, Resolution};
+    use serde_json::Value;
+
+    let text = read(&root().join("envoy-examples/envoy-rlqs.yaml"));
+    let envoy: Value = serde_saphyr::from_str(&text).expect("envoy-rlqs.yaml");
+    let set = PolicySet::load_dir(root().join("policies"), &Default::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let clusters = envoy["static_resources"]["clusters"]
+        .as_array()
+        .expect("clusters");
+    let edgelimit = clusters
+        .iter()
+        .find(|c| c["name"] == "edgelimit")
+        .expect("edgelimit cluster");
+    assert!(
+        edgelimit["typed_extension_protocol_options"]
+            ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
+            .get("http2_protocol_options")
+            .is_some(),
+        "gRPC needs HTTP/2 to edgelimit"
+    );
+    let listeners = envoy["static_resources"]["listeners"]
+        .as_array()
+        .expect("listeners");
+    let filters: Vec<&Value> = listeners
+        .iter()
+        .flat_map(|l| l["filter_chains"].as_array().into_iter().flatten())
+        .flat_map(|c| c["filters"].as_array().into_iter().flatten())
+        .flat_map(|f| {
+            f["typed_config"]["http_filters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter(|f| f["name"] == "envoy.filters.http.rate_limit_quota")
+        .collect();
+    assert_eq!(filters.len(), 1, "one rate_limit_quota filter");
+    let config = &filters[0]["typed_config"];
+    assert!(config["@type"]
+        .as_str()
+        .is_some_and(|t| t.ends_with("rate_limit_quota.v3.RateLimitQuotaFilterConfig")));
+    assert_eq!(
+        config["rlqs_server"]["envoy_grpc"]["cluster_name"],
+        "edgelimit"
+    );
+    let domain = config["domain"].as_str().expect("domain");
+    assert!(set.has_domain(domain), "domain {domain} not in policies/");
+
+    let hasher = edgelimit::subject::SubjectHasher::new(zeroize::Zeroizing::new(vec![1; 32]))
+        .expect("hasher");
+    let settings = edgelimit::rlqs::RlqsSettings::default();
+    let matchers = config["bucket_matchers"]["matcher_list"]["matchers"]
+        .as_array()
+        .expect("matchers");
+    assert!(matchers.len() >= 2);
+    for matcher in matchers {
+        let action = &matcher["on_match"]["action"]["typed_config"];
+        assert!(action["reporting_interval"].is_string(), "{action}");
+        assert_eq!(
+            action["expired_assignment_behavior"]["fallback_rate_limit"]["blanket_rule"],
+            "DENY_ALL",
+            "an expired assignment fails closed"
+        );
+        let builder = action["bucket_id_builder"]["bucket_id_builder"]
+            .as_object()
+            .expect("bucket_id_builder");
+        let entries: std::collections::HashMap<String, String> = builder
+            .iter()
+            .map(|(key, value)| {
+                let value = value["string_value"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| "sample-value".to_owned());
+                (key.clone(), value)
+            })
+            .collect();
+        let key = BucketKey::new(entries.iter(), &settings).expect("a valid bucket id");
+        let resolution = resolve(&set, domain, &key, &hasher);
+        assert!(
+            matches!(&resolution, Resolution::Limited { targets, .. } if !targets.is_empty()),
+            "bucket {entries:?} maps to no limit of domain {domain}: {resolution:?}"
+        );
+    }
 }

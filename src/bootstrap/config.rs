@@ -54,9 +54,60 @@ pub struct ServerConfig {
     #[serde(with = "serde_duration")]
     pub shutdown_grace: Duration,
     pub readiness: ReadinessConfig,
+    /// Envoy's Rate Limit Quota Service on the gRPC listener.
+    pub rlqs: RlqsConfig,
     /// Where the settings came from, to locate errors found after parsing.
     #[serde(skip)]
     pub origin: ConfigOrigin,
+}
+
+/// `rlqs:`: the quota service's bounds and assignment lifetime (see README, RLQS).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RlqsConfig {
+    pub enabled: bool,
+    /// `assignment_time_to_live` of every assignment; also how long a vanished instance's
+    /// share stays reserved.
+    #[serde(with = "serde_duration")]
+    pub assignment_ttl: Duration,
+    pub max_streams: usize,
+    pub max_buckets_per_stream: usize,
+    pub max_bucket_entries: usize,
+}
+
+impl Default for RlqsConfig {
+    fn default() -> Self {
+        let d = edgelimit_rlqs::RlqsSettings::default();
+        Self {
+            enabled: true,
+            assignment_ttl: d.assignment_ttl,
+            max_streams: d.max_streams,
+            max_buckets_per_stream: d.max_buckets_per_stream,
+            max_bucket_entries: d.max_bucket_entries,
+        }
+    }
+}
+
+impl RlqsConfig {
+    fn validate(&self) -> Result<(), String> {
+        for (field, value) in [
+            ("max_streams", self.max_streams),
+            ("max_buckets_per_stream", self.max_buckets_per_stream),
+            ("max_bucket_entries", self.max_bucket_entries),
+        ] {
+            if value == 0 {
+                return Err(format!("rlqs.{field}: must be at least 1"));
+            }
+        }
+        // Every order of a bucket's entries may be tried: 8! lookups is the most allowed.
+        if self.max_bucket_entries > 8 {
+            return Err("rlqs.max_bucket_entries: at most 8".into());
+        }
+        if self.assignment_ttl < Duration::from_secs(1) {
+            return Err("rlqs.assignment_ttl: at least 1s (Envoy reads whole seconds)".into());
+        }
+        Ok(())
+    }
 }
 
 /// The source of a [`ServerConfig`], named by every error found once it is parsed (a secret
@@ -118,6 +169,7 @@ impl Default for ServerConfig {
             log: LogConfig::default(),
             shutdown_grace: Duration::from_secs(10),
             readiness: ReadinessConfig::default(),
+            rlqs: RlqsConfig::default(),
             origin: ConfigOrigin::Defaults,
         }
     }
@@ -688,6 +740,7 @@ impl ServerConfig {
         let config: Self =
             serde_saphyr::from_str(text).map_err(|e| e.without_snippet().to_string())?;
         config.limits.validate()?;
+        config.rlqs.validate()?;
         if let Some(xds) = &config.xds {
             xds.validate()?;
         }

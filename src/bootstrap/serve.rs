@@ -95,6 +95,22 @@ fn service_settings(config: &ServerConfig) -> ServiceSettings {
     }
 }
 
+fn rlqs_settings(config: &ServerConfig) -> crate::rlqs::RlqsSettings {
+    let limits = &config.limits;
+    crate::rlqs::RlqsSettings {
+        assignment_ttl: config.rlqs.assignment_ttl,
+        max_streams: config.rlqs.max_streams,
+        max_buckets_per_stream: config.rlqs.max_buckets_per_stream,
+        max_bucket_entries: config.rlqs.max_bucket_entries,
+        max_domain_bytes: limits.max_domain_bytes,
+        max_key_bytes: limits.max_key_bytes,
+        max_value_bytes: limits.max_value_bytes,
+        backend_timeout: config.default_timeout,
+        shadow_mode: config.shadow_mode,
+        ..crate::rlqs::RlqsSettings::default()
+    }
+}
+
 /// Runs the server until `shutdown` resolves, then drains: reports not ready, stops
 /// accepting, and lets in-flight requests finish within `shutdown_grace`. `ready` receives
 /// the bound addresses once the listeners are open (ports may be 0 in the configuration).
@@ -205,12 +221,26 @@ async fn run<B: RateLimitPort>(
     if config.require_policies() {
         readiness.require_policies(policies.clone());
     }
+    let hasher = Arc::new(hasher);
     let mut limiter = RateLimiter::new(
         policies.clone(),
         backend.clone(),
-        Arc::new(hasher),
+        hasher.clone(),
         service_settings(&config),
     );
+    // The quota service counts against the same subjects and backend as ShouldRateLimit.
+    let rlqs = config.rlqs.enabled.then(|| {
+        crate::rlqs::QuotaService::new(
+            policies.clone(),
+            backend.clone(),
+            hasher.clone(),
+            rlqs_settings(&config),
+        )
+        .into_server(
+            config.limits.max_request_bytes,
+            config.limits.max_response_bytes,
+        )
+    });
     if let Some(previous) =
         secret::previous_hasher(&config.hmac_secret).map_err(|e| located(&config, e))?
     {
@@ -322,7 +352,8 @@ async fn run<B: RateLimitPort>(
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(rls);
+        .add_service(rls)
+        .add_optional_service(rlqs);
     let stopped = async {
         let _ = stopped.await;
     };

@@ -86,6 +86,18 @@ catalogue! {
         "Domains in the loaded policy set; 0 means every request is answered OK";
     CONFIG_LAST_RELOAD_SUCCESS = "edgelimit_config_last_reload_success_timestamp_seconds", Gauge,
         Some(Unit::Seconds), "When the loaded policy set was loaded";
+    RLQS_STREAMS = "edgelimit_rlqs_streams", Gauge, None,
+        "Open RLQS (StreamRateLimitQuotas) streams";
+    RLQS_STREAMS_REFUSED = "edgelimit_rlqs_streams_refused_total", Counter, None,
+        "RLQS streams refused RESOURCE_EXHAUSTED because rlqs.max_streams were open";
+    RLQS_BUCKETS_REFUSED = "edgelimit_rlqs_buckets_refused_total", Counter, None,
+        "RLQS buckets answered deny_all without evaluation, by reason (bounds, missing domain)";
+    RLQS_ASSIGNMENTS = "edgelimit_rlqs_assignments_total", Counter, None,
+        "RLQS bucket actions sent, by policy id and action";
+    RLQS_REPORTED_REQUESTS = "edgelimit_rlqs_reported_requests_total", Counter, None,
+        "Requests Envoy reported for RLQS buckets, by policy id and result (allowed or denied)";
+    RLQS_OVERSHOOT_REQUESTS = "edgelimit_rlqs_overshoot_requests_total", Counter, None,
+        "Reported allowed requests beyond the quota left when they were reported, by policy id";
     BUILD_INFO = "edgelimit_build_info", Gauge, None,
         "Always 1; labels carry the version";
 }
