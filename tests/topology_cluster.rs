@@ -44,6 +44,11 @@ descriptors:
       requests_per_unit: 1000
 "#;
 
+/// The tests here run one cluster at a time: the fault tests judge answers against Envoy's
+/// 20 ms deadline, and two clusters under load on two cores starve each other's servers, so
+/// what they measured would be the machine, not the fault.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn server(cluster: &Cluster) -> EdgelimitServer {
     EdgelimitServer::start(
         ServerOptions::memory(&[("cluster.yaml", POLICY)])
@@ -53,6 +58,7 @@ fn server(cluster: &Cluster) -> EdgelimitServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_servers_on_a_cluster_allow_exactly_the_limit_on_every_master() {
+    let _one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().await;
     let started = Instant::now();
     let cluster = tokio::task::block_in_place(|| Cluster::start(3));
     let servers: Vec<EdgelimitServer> = (0..SERVERS).map(|_| server(&cluster)).collect();
@@ -117,6 +123,7 @@ async fn three_servers_on_a_cluster_allow_exactly_the_limit_on_every_master() {
 /// (OVER_LIMIT, within the caller's deadline) while it is down, never OK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_master_fails_closed_for_its_slots() {
+    let _one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().await;
     let mut cluster = tokio::task::block_in_place(|| Cluster::start(3));
     let server = server(&cluster);
     let mut client = server.client().await;
@@ -163,6 +170,7 @@ async fn a_dead_master_fails_closed_for_its_slots() {
 /// commits first, so here (the shared limit is the one that runs out) there is none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_on_several_slots_never_over_admit_and_partial_commits_are_counted() {
+    let _one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().await;
     const REQUESTS: usize = 300;
     let cluster = tokio::task::block_in_place(|| Cluster::start(3));
     let server = server(&cluster);
@@ -230,6 +238,59 @@ async fn limits_on_several_slots_never_over_admit_and_partial_commits_are_counte
         "every other unit is a counted partial commit"
     );
     assert_eq!(partial, 0, "the tight shared limit is committed first");
+}
+
+/// How much a fault may lower the healthy masters' decided share below the same run's clean
+/// windows before it counts as costing them.
+const FAULT_COST_MARGIN: f64 = 0.05;
+/// While a slot is being redirected (`ASK`), each request for it takes two round trips
+/// (`ASK`, then `ASKING` + the program on the importing master) against Envoy's 20 ms
+/// deadline: on a starved machine a few more miss it than in the clean windows. Not following
+/// the redirect would leave none decided.
+const REDIRECT_COST_MARGIN: f64 = 0.15;
+
+/// The subjects stay decided through a fault: ≥ 95%, or — when the machine itself leaves
+/// requests undecided at Envoy's 20 ms deadline (a CPU-starved debug build) — no more than
+/// `margin` below the same run's clean windows. A sick master that held up the others
+/// (head-of-line waits, admission filled by its requests) costs far more.
+fn assert_unaffected(
+    what: &str,
+    samples: &[Sample],
+    (from, to): (Instant, Instant),
+    clean: (usize, f64),
+    margin: f64,
+) {
+    let (n, share) = decided_share(samples, from, to);
+    let (clean_n, clean_share) = clean;
+    eprintln!(
+        "{what}: {n} requests, {:.1}% decided (clean windows: {:.1}% of {clean_n})",
+        share * 100.0,
+        clean_share * 100.0
+    );
+    assert!(n > 0, "{what}: no requests sent in the window");
+    assert!(
+        share >= 0.95 || share >= clean_share - margin,
+        "{what}: only {:.1}% of {n} decided, against {:.1}% of {clean_n} in the clean windows; \
+         undecided (answer, ms to answer): {:?}",
+        share * 100.0,
+        clean_share * 100.0,
+        samples
+            .iter()
+            .filter(|s| s.sent >= from && s.sent < to && s.result != Ok(OK))
+            .map(|s| (s.result, (s.done - s.sent).as_millis()))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// `decided_share` over several windows together.
+fn decided_share_in(samples: &[Sample], windows: &[(Instant, Instant)]) -> (usize, f64) {
+    let (mut n, mut ok) = (0usize, 0.0f64);
+    for &(from, to) in windows {
+        let (count, share) = decided_share(samples, from, to);
+        n += count;
+        ok += share * count as f64;
+    }
+    (n, ok / n.max(1) as f64)
 }
 
 /// Envoy's default `rate_limit_service` timeout: the callers in the fault tests use it.
@@ -349,6 +410,7 @@ fn failures(metrics: &str, category: &str, cause: &str) -> u64 {
 /// command timeout. Recovery times are printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_or_dead_master_costs_only_its_own_slots() {
+    let _one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().await;
     let mut cluster = tokio::task::block_in_place(|| Cluster::start(3));
     let server = default_server(&cluster);
     let mut client = server.client().await;
@@ -383,25 +445,25 @@ async fn a_hung_or_dead_master_costs_only_its_own_slots() {
     let healthy_samples = finish_all(healthy_load).await;
     let sick_samples = finish_all(sick_load).await;
 
-    let (n, baseline) = decided_share(&healthy_samples, warm, paused);
-    eprintln!(
-        "before the fault: {n} healthy-master requests, {:.1}% decided",
-        baseline * 100.0
+    // Clean: before the pause, and between the resume (plus recovery) and the kill.
+    let clean = decided_share_in(
+        &healthy_samples,
+        &[
+            (warm, paused),
+            (resumed + Duration::from_millis(500), killed),
+        ],
     );
     for (what, from, to) in [
         ("paused", paused, resumed),
         ("killed", killed, restarted),
         ("restarted", restarted, end),
     ] {
-        let (n, share) = decided_share(&healthy_samples, from, to);
-        eprintln!(
-            "master {what}: {n} healthy-master requests, {:.1}% decided",
-            share * 100.0
-        );
-        assert!(
-            share >= 0.95,
-            "master {what}: only {:.1}% of {n} requests for the healthy masters decided",
-            share * 100.0
+        assert_unaffected(
+            &format!("healthy masters, master {what}"),
+            &healthy_samples,
+            (from, to),
+            clean,
+            FAULT_COST_MARGIN,
         );
     }
     // Nothing for the sick master is allowed while it is paused or dead (SIGSTOP is
@@ -472,6 +534,7 @@ async fn a_hung_or_dead_master_costs_only_its_own_slots() {
 /// (plus at most the requests that ended undecided).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_load_is_followed() {
+    let _one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().await;
     let cluster = tokio::task::block_in_place(|| Cluster::start(3));
     let server = default_server(&cluster);
     let mut client = server.client().await;
@@ -498,7 +561,8 @@ async fn a_slot_migrating_under_load_is_followed() {
     let (from_id, to_id) = (id(from), id(to));
 
     let loads = load_on(&client, &[subject.clone(), subject.clone()]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let loaded = Instant::now();
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let started = Instant::now();
     tokio::task::block_in_place(|| {
         assert_eq!(
@@ -544,20 +608,19 @@ async fn a_slot_migrating_under_load_is_followed() {
     let end = Instant::now();
     let samples = finish_all(loads).await;
 
-    for (what, a, b) in [
-        ("migrating", started, asked),
-        ("ASK", asked, moved),
-        ("MOVED", moved, end),
+    // Clean: the load before the migration began (after its first 100 ms).
+    let clean = decided_share(&samples, loaded + Duration::from_millis(100), started);
+    for (what, a, b, margin) in [
+        ("migrating", started, asked, FAULT_COST_MARGIN),
+        ("ASK", asked, moved, REDIRECT_COST_MARGIN),
+        ("MOVED", moved, end, FAULT_COST_MARGIN),
     ] {
-        let (n, share) = decided_share(&samples, a, b);
-        eprintln!(
-            "slot migration, {what}: {n} requests, {:.1}% decided",
-            share * 100.0
-        );
-        assert!(
-            share >= 0.95,
-            "{what}: only {:.1}% of {n} decided",
-            share * 100.0
+        assert_unaffected(
+            &format!("slot migration, {what}"),
+            &samples,
+            (a, b),
+            clean,
+            margin,
         );
     }
     assert!(
@@ -585,6 +648,7 @@ async fn a_slot_migrating_under_load_is_followed() {
 /// masters' subjects stay decided throughout; times are printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_promoted_under_load_take_over_their_slots() {
+    let _one_at_a_time = ONE_CLUSTER_AT_A_TIME.lock().await;
     let mut cluster = tokio::task::block_in_place(|| Cluster::start_with_replicas(3, 1));
     let server = default_server(&cluster);
     let mut client = server.client().await;
@@ -602,6 +666,7 @@ async fn replicas_promoted_under_load_take_over_their_slots() {
     );
     let moving_load = load_on(&client, &subjects[0]);
     let healthy_load = load_on(&client, &subjects[1..].concat());
+    let loaded = Instant::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // A manual failover: the replica becomes master, its master a replica.
@@ -659,20 +724,19 @@ async fn replicas_promoted_under_load_take_over_their_slots() {
     // here) and the replica's election, Redis itself answers CLUSTERDOWN on every master
     // (`cluster-require-full-coverage yes`, its default): reported, not asserted.
     let marked = killed + Duration::from_secs(3);
+    // Clean: the load before the manual failover (after its first 100 ms).
+    let clean = decided_share(&healthy, loaded + Duration::from_millis(100), failover);
     for (what, from, to) in [
         ("manual failover", failover, killed),
         ("new master killed, not yet marked failed", killed, marked),
         ("after the promotion", promoted, end),
     ] {
-        let (n, share) = decided_share(&healthy, from, to);
-        eprintln!(
-            "{what}: {n} other-master requests, {:.1}% decided",
-            share * 100.0
-        );
-        assert!(
-            share >= 0.95,
-            "{what}: only {:.1}% of {n} decided",
-            share * 100.0
+        assert_unaffected(
+            &format!("other masters, {what}"),
+            &healthy,
+            (from, to),
+            clean,
+            FAULT_COST_MARGIN,
         );
     }
     let (n, share) = decided_share(&healthy, marked, promoted);
