@@ -7,6 +7,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use edgelimit::bootstrap::{self, cli, ServerConfig};
 
+/// mimalloc rather than glibc malloc: per-thread free lists without arena lock contention
+/// between the runtime's threads; measured A/B in README Performance.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "edgelimit",

@@ -319,9 +319,11 @@ async fn run<B: RateLimitPort>(
         }
     }));
     let grpc_uds = config.listen_uds.as_ref().map(|u| u.path.clone());
+    // Plain `grpc_addr=127.0.0.1:8081` (bench/run.sh and operators' scripts read it); a
+    // listener that is not configured is left out.
     tracing::info!(
-        grpc_addr = ?grpc_addr,
-        grpc_uds = ?grpc_uds,
+        grpc_addr = grpc_addr.map(tracing::field::display),
+        grpc_uds = grpc_uds.as_ref().map(|p| tracing::field::display(p.display())),
         %admin_addr,
         tls = listener_tls.is_some(),
         "serving Envoy RateLimitService and admin HTTP"
