@@ -196,68 +196,18 @@ fn mkdir(path: std::path::PathBuf) -> std::path::PathBuf {
     path
 }
 
-/// A client certificate signed by `dir`'s CA (`ca.crt`, `ca.key`), valid for `san`.
+/// A client certificate signed by the test CA, valid for `san` (DNS).
 fn client_cert_with_san(
     dir: &Path,
     name: &str,
     san: &str,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .current_dir(dir)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ext = format!("{name}.ext");
-    std::fs::write(
-        dir.join(&ext),
-        format!("subjectAltName=DNS:{san}\nextendedKeyUsage=clientAuth\n"),
+    Certs::issue(
+        dir,
+        name,
+        "client",
+        &format!("subjectAltName=DNS:{san}\nextendedKeyUsage=clientAuth\n"),
     )
-    .expect("ext");
-    let (key, csr, crt) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-    );
-    run(&[
-        "req",
-        "-subj",
-        "/CN=client",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &key,
-        "-out",
-        &csr,
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        &ext,
-        "-out",
-        &crt,
-    ]);
-    (dir.join(crt), dir.join(key))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

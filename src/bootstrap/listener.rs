@@ -32,13 +32,70 @@ pub struct ConnectionLimits {
     pub tcp_nodelay: bool,
 }
 
+/// The admission both gRPC listeners (TCP here, the Unix socket in `uds`) apply to what they
+/// accept: at most `max_connections` open at once — one more is closed at once and counted,
+/// not logged, since a flood would flood the log too — and a pause after an accept error
+/// (e.g. out of file descriptors) rather than a spinning loop.
+pub(super) struct AcceptGate {
+    slots: Arc<Semaphore>,
+    backoff: Option<Pin<Box<Sleep>>>,
+    /// Names the listener in the accept-error warning.
+    listener: &'static str,
+}
+
+impl AcceptGate {
+    pub(super) fn new(max_connections: usize, listener: &'static str) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max_connections)),
+            backoff: None,
+            listener,
+        }
+    }
+
+    /// Polls `accept` until a connection gets a slot (counted in the open-connections gauge
+    /// until its permit is dropped).
+    pub(super) fn poll_admit<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut accept: impl FnMut(&mut Context<'_>) -> Poll<io::Result<S>>,
+    ) -> Poll<(S, OwnedSemaphorePermit)> {
+        if let Some(backoff) = self.backoff.as_mut() {
+            if backoff.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.backoff = None;
+        }
+        loop {
+            match accept(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(error)) => {
+                    tracing::warn!(%error, listener = self.listener, "accepting a gRPC connection failed");
+                    let mut sleep = Box::pin(tokio::time::sleep(ACCEPT_ERROR_BACKOFF));
+                    // Registers the waker; the sleep has only just started.
+                    let _ = sleep.as_mut().poll(cx);
+                    self.backoff = Some(sleep);
+                    return Poll::Pending;
+                }
+                Poll::Ready(Ok(stream)) => {
+                    let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                        metrics::counter!(edgelimit_metrics::GRPC_CONNECTIONS_REFUSED).increment(1);
+                        drop(stream);
+                        continue;
+                    };
+                    metrics::gauge!(edgelimit_metrics::GRPC_CONNECTIONS).increment(1.0);
+                    return Poll::Ready((stream, permit));
+                }
+            }
+        }
+    }
+}
+
 /// Accepted connections, each holding one of `max_connections` slots until it is dropped.
 pub struct GuardedIncoming {
     listener: TcpListener,
-    slots: Arc<Semaphore>,
+    gate: AcceptGate,
     limits: ConnectionLimits,
     keepalive: TcpKeepalive,
-    backoff: Option<Pin<Box<Sleep>>>,
 }
 
 impl GuardedIncoming {
@@ -61,10 +118,9 @@ impl GuardedIncoming {
         let keepalive = TcpKeepalive::new().with_time(limits.tcp_keepalive);
         Self {
             listener,
-            slots: Arc::new(Semaphore::new(limits.max_connections)),
+            gate: AcceptGate::new(limits.max_connections, "tcp"),
             limits,
             keepalive,
-            backoff: None,
         }
     }
 
@@ -83,43 +139,19 @@ impl Stream for GuardedIncoming {
     type Item = io::Result<GuardedStream>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(backoff) = self.backoff.as_mut() {
-            if backoff.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            self.backoff = None;
-        }
-        loop {
-            match self.listener.poll_accept(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(error)) => {
-                    tracing::warn!(%error, "accepting a gRPC connection failed");
-                    let mut sleep = Box::pin(tokio::time::sleep(ACCEPT_ERROR_BACKOFF));
-                    // Registers the waker; the sleep has only just started.
-                    let _ = sleep.as_mut().poll(cx);
-                    self.backoff = Some(sleep);
-                    return Poll::Pending;
-                }
-                Poll::Ready(Ok((stream, _peer))) => {
-                    let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-                        // Closing at once tells the client to go elsewhere; not logged per
-                        // connection, since a flood would flood the log too.
-                        metrics::counter!(edgelimit_metrics::GRPC_CONNECTIONS_REFUSED).increment(1);
-                        drop(stream);
-                        continue;
-                    };
-                    self.configure(&stream);
-                    metrics::gauge!(edgelimit_metrics::GRPC_CONNECTIONS).increment(1.0);
-                    let deadline = Box::pin(tokio::time::sleep(self.limits.handshake_timeout));
-                    return Poll::Ready(Some(Ok(GuardedStream {
-                        stream,
-                        _permit: permit,
-                        preface_left: PREFACE_LEN,
-                        handshake_deadline: Some(deadline),
-                    })));
-                }
-            }
-        }
+        let this = &mut *self;
+        let listener = &this.listener;
+        let (stream, permit) = std::task::ready!(this.gate.poll_admit(cx, |cx| listener
+            .poll_accept(cx)
+            .map_ok(|(stream, _peer)| stream)));
+        this.configure(&stream);
+        let deadline = Box::pin(tokio::time::sleep(this.limits.handshake_timeout));
+        Poll::Ready(Some(Ok(GuardedStream {
+            stream,
+            _permit: permit,
+            preface_left: PREFACE_LEN,
+            handshake_deadline: Some(deadline),
+        })))
     }
 }
 

@@ -4,23 +4,21 @@
 //! path (a regular file, a directory, a live server's socket) stops the start, and the file is
 //! removed on shutdown if it is still ours.
 
-use std::future::Future as _;
 use std::io;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::listener::AcceptGate;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
-
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
 /// `listen_uds:` in the server configuration: gRPC on this socket instead of `listen`.
 #[derive(Debug, Clone, Deserialize)]
@@ -147,16 +145,14 @@ impl Drop for UdsListener {
 /// it, a connection is closed at once, as on TCP).
 pub struct UdsIncoming {
     listener: Arc<UdsListener>,
-    slots: Arc<Semaphore>,
-    backoff: Option<Pin<Box<tokio::time::Sleep>>>,
+    gate: AcceptGate,
 }
 
 impl UdsIncoming {
     pub fn new(listener: Arc<UdsListener>, max_connections: usize) -> Self {
         Self {
             listener,
-            slots: Arc::new(Semaphore::new(max_connections)),
-            backoff: None,
+            gate: AcceptGate::new(max_connections, "unix socket"),
         }
     }
 }
@@ -165,37 +161,15 @@ impl Stream for UdsIncoming {
     type Item = io::Result<UdsConnection>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(backoff) = self.backoff.as_mut() {
-            if backoff.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            self.backoff = None;
-        }
-        loop {
-            match self.listener.listener.poll_accept(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(error)) => {
-                    // Transient (e.g. out of descriptors): logged, retried after a pause.
-                    tracing::warn!(%error, "accepting a gRPC unix-socket connection failed");
-                    let mut sleep = Box::pin(tokio::time::sleep(ACCEPT_ERROR_BACKOFF));
-                    let _ = sleep.as_mut().poll(cx);
-                    self.backoff = Some(sleep);
-                    return Poll::Pending;
-                }
-                Poll::Ready(Ok((stream, _))) => {
-                    let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-                        metrics::counter!(edgelimit_metrics::GRPC_CONNECTIONS_REFUSED).increment(1);
-                        drop(stream);
-                        continue;
-                    };
-                    metrics::gauge!(edgelimit_metrics::GRPC_CONNECTIONS).increment(1.0);
-                    return Poll::Ready(Some(Ok(UdsConnection {
-                        stream,
-                        _permit: permit,
-                    })));
-                }
-            }
-        }
+        let this = &mut *self;
+        let listener = &this.listener.listener;
+        let (stream, permit) = std::task::ready!(this.gate.poll_admit(cx, |cx| listener
+            .poll_accept(cx)
+            .map_ok(|(stream, _)| stream)));
+        Poll::Ready(Some(Ok(UdsConnection {
+            stream,
+            _permit: permit,
+        })))
     }
 }
 

@@ -472,65 +472,33 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// The key parameters of every key made here.
+const EC_KEY: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
 impl Certs {
     pub fn generate(dir: &Path) -> Certs {
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
         for ca in ["ca", "other-ca"] {
             let mut args = vec!["req", "-x509", "-days", "2", "-subj"];
             let subj = format!("/CN=edgelimit test {ca}");
             args.push(&subj);
-            args.extend_from_slice(&ec);
+            args.extend_from_slice(&EC_KEY);
             let (key, crt) = (format!("{ca}.key"), format!("{ca}.crt"));
             args.extend_from_slice(&["-keyout", &key, "-out", &crt]);
             openssl(dir, &args);
         }
-        for (name, cn, ext) in [
-            (
-                "server",
-                "localhost",
-                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-            ),
-            ("client", "edgelimit", "extendedKeyUsage=clientAuth\n"),
-        ] {
-            std::fs::write(dir.join(format!("{name}.ext")), ext).expect("write ext");
-            let (key, csr, crt, extfile) = (
-                format!("{name}.key"),
-                format!("{name}.csr"),
-                format!("{name}.crt"),
-                format!("{name}.ext"),
-            );
-            let subj = format!("/CN={cn}");
-            let mut args = vec!["req", "-subj", &subj];
-            args.extend_from_slice(&ec);
-            args.extend_from_slice(&["-keyout", &key, "-out", &csr]);
-            openssl(dir, &args);
-            openssl(
-                dir,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &csr,
-                    "-CA",
-                    "ca.crt",
-                    "-CAkey",
-                    "ca.key",
-                    "-CAcreateserial",
-                    "-days",
-                    "2",
-                    "-extfile",
-                    &extfile,
-                    "-out",
-                    &crt,
-                ],
-            );
-        }
+        Self::issue(
+            dir,
+            "server",
+            "localhost",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        );
+        Self::issue(dir, "client", "edgelimit", "extendedKeyUsage=clientAuth\n");
         Certs {
             ca: dir.join("ca.crt"),
             server_cert: dir.join("server.crt"),
@@ -539,6 +507,44 @@ impl Certs {
             client_key: dir.join("client.key"),
             other_ca: dir.join("other-ca.crt"),
         }
+    }
+
+    /// A certificate `name.crt` (key `name.key`) for `cn`, signed by the `ca` that
+    /// [`Certs::generate`] made in `dir`, with the x509v3 extensions `ext` (one per line).
+    pub fn issue(dir: &Path, name: &str, cn: &str, ext: &str) -> (PathBuf, PathBuf) {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).expect("write ext");
+        let (key, csr, crt, extfile) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        let subj = format!("/CN={cn}");
+        let mut args = vec!["req", "-subj", &subj];
+        args.extend_from_slice(&EC_KEY);
+        args.extend_from_slice(&["-keyout", &key, "-out", &csr]);
+        openssl(dir, &args);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &extfile,
+                "-out",
+                &crt,
+            ],
+        );
+        (dir.join(crt), dir.join(key))
     }
 }
 
