@@ -92,15 +92,7 @@ async fn mtls_listener_serves_trusted_clients_only() {
 
     // The listener still serves trusted clients after the refusals, which are counted.
     assert_eq!(ask_tls(&server, &certs.ca, identity).await, Ok(OK));
-    let refused = common::server::metric(
-        &server.metrics(),
-        "edgelimit_grpc_tls_handshake_failures_total",
-        &[("reason", "refused")],
-    );
-    assert!(
-        refused.is_some_and(|n| n >= 2.0),
-        "refused handshakes counted: {refused:?}"
-    );
+    assert_refused_handshakes_counted(&server, 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,6 +188,19 @@ fn mkdir(path: std::path::PathBuf) -> std::path::PathBuf {
     path
 }
 
+/// At least `at_least` TLS handshakes refused, in the server's metrics.
+fn assert_refused_handshakes_counted(server: &EdgelimitServer, at_least: f64) {
+    let refused = common::server::metric(
+        &server.metrics(),
+        "edgelimit_grpc_tls_handshake_failures_total",
+        &[("reason", "refused")],
+    );
+    assert!(
+        refused.is_some_and(|n| n >= at_least),
+        "refused handshakes counted: {refused:?}"
+    );
+}
+
 /// A client certificate signed by the test CA, valid for `san` (DNS).
 fn client_cert_with_san(
     dir: &Path,
@@ -236,15 +241,7 @@ async fn client_san_admits_only_the_configured_name() {
         .is_err());
     let no_san = Some((certs.client_cert.as_path(), certs.client_key.as_path()));
     assert!(ask_tls(&server, &certs.ca, no_san).await.is_err());
-    let refused = common::server::metric(
-        &server.metrics(),
-        "edgelimit_grpc_tls_handshake_failures_total",
-        &[("reason", "refused")],
-    );
-    assert!(
-        refused.is_some_and(|n| n >= 2.0),
-        "refused handshakes counted: {refused:?}"
-    );
+    assert_refused_handshakes_counted(&server, 2.0);
     assert_eq!(
         ask_tls(&server, &certs.ca, Some((&good_cert, &good_key))).await,
         Ok(OK)
