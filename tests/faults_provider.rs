@@ -379,6 +379,66 @@ async fn delays_below_the_command_timeout_decide_and_above_it_are_indeterminate(
     assert_eq!(stored, 2, "2 allowed, {stored} counted");
 }
 
+/// Redis's clock is read as the connection comes up, so even the first command carries its
+/// deadline to Redis: one that times out in a paused Redis and runs once it resumes does
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_command_after_connecting_carries_its_deadline_to_redis() {
+    let redis = RedisServer::start();
+    let b = connected(&redis.url(), Duration::from_millis(300)).await;
+    let p = policy(1000);
+    redis.pause();
+    let o = eval(&b, &p, 1).await;
+    assert!(indeterminate(IndeterminateCause::Timeout)(&o), "{o:?}");
+    redis.resume();
+    recovers(&b, &p, 1).await;
+    let stored = stored_count(&redis);
+    assert_eq!(stored, 1, "1 allowed, {stored} counted");
+}
+
+/// A batch's reply is awaited until its last member's deadline. Timeline (command timeout
+/// 4 s, so each member's Redis deadline is 2 s after it was sent): A and B fill the window of
+/// calls in flight and reach Redis at 3.3 s, past their Redis deadline (answered, nothing
+/// done); C (queued at 0.1 s) and D (at 3.0 s) go together at 3.3 s and reach Redis at
+/// 4.55 s, past C's Redis deadline but before D's. C has timed out at 4.1 s; D is answered,
+/// allowed and counted, rather than reported undecided with the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_its_later_members_after_an_earlier_one_timed_out() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(&redis.addr());
+    // Health checks must outlast the delays, or they would replace the connection.
+    let b = Arc::new(
+        connected_with(&proxy.url(), Duration::from_secs(4), |s| {
+            s.connect_timeout = Duration::from_secs(10)
+        })
+        .await,
+    );
+    let p = policy(1000);
+    assert!(allowed(&eval(&b, &p, 1).await));
+    tokio::task::block_in_place(|| proxy.set_mode(Mode::Delay(Duration::from_millis(3300))));
+    let start = Instant::now();
+    let ask = |at_ms: u64| {
+        let (b, p) = (b.clone(), p.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until((start + Duration::from_millis(at_ms)).into()).await;
+            eval_within(&b, &p, 1, Duration::from_secs(6)).await
+        })
+    };
+    let (a, b2, c, d) = (ask(0), ask(0), ask(100), ask(3000));
+    tokio::time::sleep_until((start + Duration::from_millis(3150)).into()).await;
+    tokio::task::block_in_place(|| proxy.set_mode(Mode::Delay(Duration::from_millis(1250))));
+    for early in [a, b2] {
+        let o = early.await.unwrap();
+        assert!(unavailable(UnavailableCause::ExpiredInQueue)(&o), "{o:?}");
+    }
+    let c = c.await.unwrap();
+    assert!(indeterminate(IndeterminateCause::Timeout)(&c), "{c:?}");
+    let d = d.await.unwrap();
+    assert!(allowed(&d), "{d:?}");
+    let stored = stored_count(&redis);
+    assert_eq!(stored, 2, "2 allowed, {stored} counted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_too_short_to_be_answered_sends_nothing() {
     let redis = RedisServer::start();

@@ -8,11 +8,14 @@
 //! is sent at once, alone, exactly as without batching. Only when the window is full do
 //! requests queue, and the first call to complete takes up to `max_members` of them. A queued
 //! request whose command deadline has passed is answered without being sent (nothing
-//! consumed); a batch is sent with the earliest deadline of its members, and each member
-//! carries its own deadline to Redis, past which the program does nothing for it.
+//! consumed). Each member carries its own deadline to Redis, past which the program does
+//! nothing for it, and times out at its own command deadline as a single command would
+//! (indeterminate: it may have run). The batch's reply is awaited until the latest member's
+//! deadline, so a member that queued late still gets its answer (consumed or not) when
+//! the batch's earliest member has already timed out.
 //!
-//! A batch fails as one command does: no connection (nothing sent), a timeout or a lost
-//! connection (indeterminate for every member: any of them may have run), an error reply.
+//! A batch fails as one command does: no connection (nothing sent), a lost connection
+//! (indeterminate for every member still waiting: any of them may have run), an error reply.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -182,9 +185,9 @@ impl Batcher {
                 now,
             ));
         }
-        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
+        if batch.is_empty() {
             return;
-        };
+        }
         self.size.record(batch.len() as f64);
         let Some(live) = self.connections.pick() else {
             let failure = Failure::Unavailable(UnavailableCause::ConnectFailed);
@@ -193,64 +196,98 @@ impl Batcher {
             }
             return;
         };
+        let mut members = Vec::with_capacity(batch.len());
+        let mut waiters = Vec::with_capacity(batch.len());
+        for waiting in batch {
+            members.push(waiting.member);
+            waiters.push(Some((waiting.single, waiting.deadline, waiting.answer)));
+        }
         let program = self.programs.batch();
-        let members: Vec<&BatchMember> = batch.iter().map(|w| &w.member).collect();
-        let mut with_source = false;
-        let result = loop {
-            let cmd = batch_invocation(program, with_source, &members);
-            let mut link = live.link.clone();
-            let sent = tokio::time::timeout_at(deadline.into(), async {
-                link.send(&cmd).await?.extract_error()
-            })
-            .await;
-            match sent {
-                Err(_) => {
-                    self.connections.suspect(&live);
-                    break Err(Failure::Indeterminate(IndeterminateCause::Timeout));
-                }
-                Ok(Ok(value)) => break Ok(value),
-                Ok(Err(error))
-                    if !with_source
-                        && error.kind()
-                            == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
-                {
-                    program.noscript_resends().increment(1);
-                    with_source = true;
-                }
-                Ok(Err(error)) => {
-                    let failure = classify(&error);
-                    if live.link.broken_by(&error) {
-                        self.connections.mark_broken(&live);
+        let call = async {
+            let members: Vec<&BatchMember> = members.iter().collect();
+            let mut with_source = false;
+            loop {
+                let cmd = batch_invocation(program, with_source, &members);
+                let mut link = live.link.clone();
+                match link.send(&cmd).await.and_then(Value::extract_error) {
+                    Ok(value) => return Ok(value),
+                    Err(error)
+                        if !with_source
+                            && error.kind()
+                                == ::redis::ErrorKind::Server(
+                                    ::redis::ServerErrorKind::NoScript,
+                                ) =>
+                    {
+                        program.noscript_resends().increment(1);
+                        with_source = true;
                     }
-                    tracing::debug!(%error, ?failure, "redis batch failed");
-                    break Err(failure);
+                    Err(error) => {
+                        let failure = classify(&error);
+                        if live.link.broken_by(&error) {
+                            self.connections.mark_broken(&live);
+                        }
+                        tracing::debug!(%error, ?failure, "redis batch failed");
+                        return Err(failure);
+                    }
                 }
             }
         };
+        tokio::pin!(call);
+        // Members time out one by one at their own deadlines, earliest first; the reply is
+        // awaited until the last of them.
+        let mut by_deadline: Vec<usize> = (0..waiters.len()).collect();
+        by_deadline.sort_by_key(|&i| waiters[i].as_ref().map(|(_, deadline, _)| *deadline));
+        let mut result = Err(Failure::Indeterminate(IndeterminateCause::Timeout));
+        for (n, &i) in by_deadline.iter().enumerate() {
+            let Some(deadline) = waiters[i].as_ref().map(|(_, deadline, _)| *deadline) else {
+                continue;
+            };
+            match tokio::time::timeout_at(deadline.into(), call.as_mut()).await {
+                Ok(reply) => {
+                    result = reply;
+                    break;
+                }
+                Err(_) => {
+                    if let Some((_, _, answer)) = waiters[i].take() {
+                        let _ = answer.send((
+                            Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
+                            Instant::now(),
+                        ));
+                    }
+                    if n + 1 == by_deadline.len() {
+                        self.connections.suspect(&live);
+                    }
+                }
+            }
+        }
         let finished = Instant::now();
         program
             .latency()
             .record(finished.saturating_duration_since(now).as_secs_f64());
+        let waiting = waiters.into_iter();
         match result {
-            Ok(Value::Array(replies)) if replies.len() == batch.len() => {
-                for (waiting, reply) in batch.into_iter().zip(replies) {
+            Ok(Value::Array(replies)) if replies.len() == members.len() => {
+                for (waiter, reply) in waiting.zip(replies) {
+                    let Some((single, _, answer)) = waiter else {
+                        continue;
+                    };
                     let reply = match reply {
-                        Value::Array(mut one) if waiting.single && one.len() == 1 => one.remove(0),
+                        Value::Array(mut one) if single && one.len() == 1 => one.remove(0),
                         other => other,
                     };
-                    let _ = waiting.answer.send((Ok(reply), finished));
+                    let _ = answer.send((Ok(reply), finished));
                 }
             }
             // A refusal of the whole batch (or a reply of the wrong shape): each member parses
             // it as its own and finds it incompatible.
             Ok(other) => {
-                for waiting in batch {
-                    let _ = waiting.answer.send((Ok(other.clone()), finished));
+                for (_, _, answer) in waiting.flatten() {
+                    let _ = answer.send((Ok(other.clone()), finished));
                 }
             }
             Err(failure) => {
-                for waiting in batch {
-                    let _ = waiting.answer.send((Err(failure), finished));
+                for (_, _, answer) in waiting.flatten() {
+                    let _ = answer.send((Err(failure), finished));
                 }
             }
         }

@@ -18,6 +18,7 @@ use arc_swap::ArcSwapOption;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::clock::RedisClock;
 use super::connect::{Connector, Link, PRIMARY_MOVED};
 
 /// One live connection. Its flags are per generation, so a report about an old connection
@@ -52,6 +53,9 @@ pub struct ConnectionSettings {
     /// a burst after a start, restart or failover does not become a storm of NOSCRIPT resends
     /// of the whole source. A failure here is logged; the NOSCRIPT fallback still applies.
     pub preload: Vec<&'static str>,
+    /// Read (`TIME`) on every new connection before it is used, so that the first commands
+    /// after a start or reconnect carry a Redis-side deadline too. None on Cluster.
+    pub clock: Option<Arc<RedisClock>>,
 }
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
@@ -152,6 +156,9 @@ async fn maintain(
         match connector.connect(settings.connect_timeout).await {
             Ok(link) => {
                 preload(&link, &settings.preload, settings.connect_timeout).await;
+                if let Some(clock) = &settings.clock {
+                    clock.sync(&link, settings.connect_timeout).await;
+                }
                 super::eviction::check(&link, settings.connect_timeout, link.kind()).await;
                 let live = Arc::new(Live {
                     link,

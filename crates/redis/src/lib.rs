@@ -11,6 +11,7 @@
 mod admission;
 mod batch;
 mod classify;
+mod clock;
 mod cluster;
 mod codec;
 mod connect;
@@ -24,9 +25,8 @@ mod settings;
 mod slot;
 mod tls;
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ::redis::Value;
 use futures_util::future::join_all;
@@ -56,6 +56,7 @@ pub use settings::{
 pub use slot::key_slot;
 
 use batch::Batcher;
+use clock::RedisClock;
 use cluster::{Cluster, Router};
 use connect::{Connector, NodeClients};
 use connections::Connections;
@@ -86,9 +87,8 @@ pub struct RedisBackend {
     /// Cluster (each request's keys are routed to their own node) or with `batch_max` 1.
     batcher: Option<Arc<Batcher>>,
     io: IoThread,
-    /// Redis's clock minus this host's, in ms, as the last reply showed it (`i64::MIN`:
-    /// unknown). Biased early by the reply's transit, which only makes deadlines stricter.
-    clock_offset_ms: AtomicI64,
+    /// Redis's clock (standalone, Sentinel), learned as connections come up and from replies.
+    clock: Arc<RedisClock>,
     admission: Admission,
     keys: KeyBuilder,
     programs: Arc<Programs>,
@@ -288,7 +288,9 @@ impl RedisBackend {
             health_check_timeout: settings.connect_timeout,
             max_backoff: MAX_RECONNECT_BACKOFF,
             preload: programs.all().iter().map(|p| p.source).collect(),
+            clock: None,
         };
+        let clock = Arc::new(RedisClock::default());
         let (pool, batcher) = match &settings.topology {
             Topology::Cluster { .. } => (
                 Pool::Cluster(Cluster::start(
@@ -301,7 +303,10 @@ impl RedisBackend {
             _ => {
                 let connections = Arc::new(Connections::start(
                     Arc::new(Connector::build(&settings)?),
-                    connection_settings,
+                    ConnectionSettings {
+                        clock: Some(clock.clone()),
+                        ..connection_settings
+                    },
                     io.handle(),
                 ));
                 let batcher = (settings.batch_max > 1).then(|| {
@@ -323,7 +328,7 @@ impl RedisBackend {
             pool,
             batcher,
             io,
-            clock_offset_ms: AtomicI64::new(i64::MIN),
+            clock,
             admission: Admission::new(settings.max_in_flight),
             keys: KeyBuilder::new(settings.key_prefix.clone()),
             programs,
@@ -517,32 +522,22 @@ impl RedisBackend {
             Failure::Incompatible(IncompatibleCause::MalformedReply)
         })?;
         if let Some(reply) = replies.first() {
-            self.learn_clock(reply.server_now_ms);
+            self.clock.learn(reply.server_now_ms);
         }
         Ok(replies)
     }
 
     /// The deadline to hand the program, on Redis's clock: the middle of the budget (the
     /// admission plans for commands answered within half of it), leaving the other half for
-    /// the reply to travel back and be read. A program that waited in
-    /// Redis's queue past it does nothing, so a command that timed out while queued costs no
-    /// quota. None until a reply showed Redis's clock, and on Cluster (nodes' clocks differ).
+    /// the reply to travel back and be read. A program that waited in Redis's queue past it
+    /// does nothing, so a command that timed out while queued costs no quota. None on Cluster
+    /// (nodes' clocks differ) and while Redis's clock is unknown (`TIME` failed on connect
+    /// and no reply came yet).
     fn redis_deadline(&self, budget: Duration) -> Option<u64> {
         if self.is_cluster() {
             return None;
         }
-        let offset = self.clock_offset_ms.load(Ordering::Relaxed);
-        if offset == i64::MIN {
-            return None;
-        }
-        let usable = budget / 2;
-        let local = unix_ms().checked_add(usable.as_millis() as u64)?;
-        u64::try_from(local as i64 + offset).ok()
-    }
-
-    fn learn_clock(&self, server_now_ms: u64) {
-        let offset = server_now_ms as i64 - unix_ms() as i64;
-        self.clock_offset_ms.store(offset, Ordering::Relaxed);
+        self.clock.deadline(budget / 2)
     }
 
     /// Decides one group of checks with one call; `outcomes` receives one outcome per check.
@@ -649,12 +644,6 @@ fn tightness(checks: &[LimitCheck<'_>], group: &[usize], outcomes: &[RateLimitOu
         })
         .min()
         .unwrap_or(u64::MAX)
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl RateLimitPort for RedisBackend {
