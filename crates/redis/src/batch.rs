@@ -197,10 +197,12 @@ impl Batcher {
             return;
         };
         let mut members = Vec::with_capacity(batch.len());
+        let mut deadlines = Vec::with_capacity(batch.len());
         let mut waiters = Vec::with_capacity(batch.len());
         for waiting in batch {
             members.push(waiting.member);
-            waiters.push(Some((waiting.single, waiting.deadline, waiting.answer)));
+            deadlines.push(waiting.deadline);
+            waiters.push(Some((waiting.single, waiting.answer)));
         }
         let program = self.programs.batch();
         let call = async {
@@ -235,20 +237,17 @@ impl Batcher {
         tokio::pin!(call);
         // Members time out one by one at their own deadlines, earliest first; the reply is
         // awaited until the last of them.
-        let mut by_deadline: Vec<usize> = (0..waiters.len()).collect();
-        by_deadline.sort_by_key(|&i| waiters[i].as_ref().map(|(_, deadline, _)| *deadline));
+        let mut by_deadline: Vec<usize> = (0..deadlines.len()).collect();
+        by_deadline.sort_by_key(|&i| deadlines[i]);
         let mut result = Err(Failure::Indeterminate(IndeterminateCause::Timeout));
         for (n, &i) in by_deadline.iter().enumerate() {
-            let Some(deadline) = waiters[i].as_ref().map(|(_, deadline, _)| *deadline) else {
-                continue;
-            };
-            match tokio::time::timeout_at(deadline.into(), call.as_mut()).await {
+            match tokio::time::timeout_at(deadlines[i].into(), call.as_mut()).await {
                 Ok(reply) => {
                     result = reply;
                     break;
                 }
                 Err(_) => {
-                    if let Some((_, _, answer)) = waiters[i].take() {
+                    if let Some((_, answer)) = waiters[i].take() {
                         let _ = answer.send((
                             Err(Failure::Indeterminate(IndeterminateCause::Timeout)),
                             Instant::now(),
@@ -268,7 +267,7 @@ impl Batcher {
         match result {
             Ok(Value::Array(replies)) if replies.len() == members.len() => {
                 for (waiter, reply) in waiting.zip(replies) {
-                    let Some((single, _, answer)) = waiter else {
+                    let Some((single, answer)) = waiter else {
                         continue;
                     };
                     let reply = match reply {
@@ -281,12 +280,12 @@ impl Batcher {
             // A refusal of the whole batch (or a reply of the wrong shape): each member parses
             // it as its own and finds it incompatible.
             Ok(other) => {
-                for (_, _, answer) in waiting.flatten() {
+                for (_, answer) in waiting.flatten() {
                     let _ = answer.send((Ok(other.clone()), finished));
                 }
             }
             Err(failure) => {
-                for (_, _, answer) in waiting.flatten() {
+                for (_, answer) in waiting.flatten() {
                     let _ = answer.send((Err(failure), finished));
                 }
             }
