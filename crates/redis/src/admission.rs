@@ -201,6 +201,21 @@ impl Ticket<'_> {
     }
 }
 
+/// How long a command that was sent is waited for: past its budget (`send_by`), by half a
+/// command timeout at most, and by no more than half the time left before the caller's
+/// deadline (the other half stays for timers that fire late and for the answer to travel:
+/// Envoy lets traffic through when its own timeout fires first).
+///
+/// A reply is a decision. Given up on, a command that Redis ran is indeterminate — quota
+/// consumed for a request that is denied — and on a loaded host a reply can be read several
+/// milliseconds after Redis wrote it (the threads that read it wait for a core). The budget
+/// still sets when the command may start in Redis (half of it, `redis_deadline`); this grace
+/// only lets an answer that Redis already gave reach the caller.
+pub fn reply_deadline(send_by: Instant, caller: Instant, command_timeout: Duration) -> Instant {
+    let slack = caller.saturating_duration_since(send_by);
+    send_by + (command_timeout / 2).min(slack / 2)
+}
+
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         // Release the turn first, then wake one waiter to take it.
@@ -218,6 +233,25 @@ mod tests {
     fn soon() -> Instant {
         // A whole command budget, and barely any time to wait on top.
         Instant::now() + TIMEOUT + Duration::from_micros(500)
+    }
+
+    #[test]
+    fn a_sent_command_is_awaited_past_its_budget_while_the_caller_can_still_be_answered() {
+        let now = Instant::now();
+        let send_by = now + TIMEOUT;
+        let ms = Duration::from_millis;
+        // Envoy's 20 ms less the margin: half the 8 ms left after the budget.
+        assert_eq!(reply_deadline(send_by, now + ms(18), TIMEOUT), now + ms(14));
+        // A distant caller deadline: half a command timeout at most.
+        assert_eq!(
+            reply_deadline(send_by, now + ms(1000), TIMEOUT),
+            now + ms(15)
+        );
+        // The caller's deadline set the budget: no grace beyond it.
+        assert_eq!(
+            reply_deadline(now + ms(4), now + ms(4), TIMEOUT),
+            now + ms(4)
+        );
     }
 
     #[tokio::test]

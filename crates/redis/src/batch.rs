@@ -7,11 +7,10 @@
 //! No request waits for a batch to fill: with fewer than `window` calls in flight a request
 //! is sent at once, alone, exactly as without batching. Only when the window is full do
 //! requests queue, and the first call to complete takes up to `max_members` of them. A queued
-//! request whose command deadline has passed is answered without being sent (nothing
-//! consumed). Each member carries its own deadline to Redis, past which the program does
-//! nothing for it, and times out at its own command deadline as a single command would
-//! (indeterminate: it may have run). The batch's reply is awaited until the latest member's
-//! deadline, so a member that queued late still gets its answer (consumed or not) when
+//! request whose budget has passed is answered without being sent (nothing consumed). Each
+//! member carries its own deadline to Redis, past which the program does nothing for it, and
+//! times out at its own reply deadline as a single command would (indeterminate: it may have
+//! run). The batch's reply is awaited until the latest member's reply deadline, so a member that queued late still gets its answer (consumed or not) when
 //! the batch's earliest member has already timed out.
 //!
 //! A batch fails as one command does: no connection (nothing sent), a lost connection
@@ -40,7 +39,10 @@ struct Waiting {
     member: BatchMember,
     /// The request had one limit: its reply is unwrapped from the member's array.
     single: bool,
-    deadline: Instant,
+    /// Past its budget it is answered without being sent.
+    send_by: Instant,
+    /// Once sent, its reply is awaited until then (`admission::reply_deadline`).
+    reply_by: Instant,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -114,7 +116,8 @@ impl Batcher {
         this: &Arc<Self>,
         member: BatchMember,
         single: bool,
-        deadline: Instant,
+        send_by: Instant,
+        reply_by: Instant,
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
         let start = {
@@ -122,7 +125,8 @@ impl Batcher {
             queue.waiting.push_back(Waiting {
                 member,
                 single,
-                deadline,
+                send_by,
+                reply_by,
                 answer,
             });
             // A call completed between the caller's try and now: nobody would take the queue.
@@ -178,7 +182,7 @@ impl Batcher {
 
     async fn send(&self, batch: Vec<Waiting>) {
         let now = Instant::now();
-        let (late, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|w| w.deadline <= now);
+        let (late, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|w| w.send_by <= now);
         for waiting in late {
             let _ = waiting.answer.send((
                 Err(Failure::Unavailable(UnavailableCause::ExpiredInQueue)),
@@ -201,7 +205,7 @@ impl Batcher {
         let mut waiters = Vec::with_capacity(batch.len());
         for waiting in batch {
             members.push(waiting.member);
-            deadlines.push(waiting.deadline);
+            deadlines.push(waiting.reply_by);
             waiters.push(Some((waiting.single, waiting.answer)));
         }
         let program = self.programs.batch();

@@ -416,7 +416,8 @@ impl RedisBackend {
         let budget = ticket.budget;
         let program = call.program(&self.programs);
         let started = Instant::now();
-        let command_deadline = started + budget;
+        let send_by = started + budget;
+        let reply_by = admission::reply_deadline(send_by, deadline, self.settings.command_timeout);
         let deadline_ms = self.redis_deadline(budget);
         // With the window of calls in flight full, the request joins the next batch call.
         let turn = match &self.batcher {
@@ -426,7 +427,7 @@ impl RedisBackend {
                 None => {
                     let member = call.member(deadline_ms);
                     let (result, finished) =
-                        Batcher::queue(batcher, member, call.is_single(), command_deadline).await;
+                        Batcher::queue(batcher, member, call.is_single(), send_by, reply_by).await;
                     ticket.finish(finished.saturating_duration_since(started));
                     return self.replies(call, program, result?);
                 }
@@ -445,14 +446,12 @@ impl RedisBackend {
         };
         let mut sent_source = false;
         let (result, finished) = loop {
-            // The EVALSHA and the one resend share the command deadline.
+            // The EVALSHA and the one resend share the reply deadline.
             let cmd = call.command(program, sent_source, deadline_ms);
             let (sent, finished) = match &route {
-                Route::Link(live) => self.io.send(live.link.clone(), cmd, command_deadline).await,
+                Route::Link(live) => self.io.send(live.link.clone(), cmd, reply_by).await,
                 Route::Slot(router, slot) => {
-                    self.io
-                        .route(router.clone(), *slot, cmd, command_deadline)
-                        .await
+                    self.io.route(router.clone(), *slot, cmd, reply_by).await
                 }
             };
             match sent {
