@@ -7,6 +7,7 @@ pub mod config;
 pub mod grpc_tls;
 mod json;
 pub use edgelimit_policy::duration;
+mod grpc_server;
 mod listener;
 pub mod log_filter;
 pub mod otel;

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::admin::{self, AdminState};
 use super::config::{BackendKind, FailureModeConfig, LimitsConfig, ServerConfig};
+use super::grpc_server::{self, Dispatch, Http2Settings};
 use super::listener::{ConnectionLimits, GuardedIncoming};
 use super::readiness::{self, Readiness};
 use super::reload::{self, Reloader};
@@ -348,19 +349,21 @@ async fn run<B: RateLimitPort>(
         rls = rls.with_tracer(otel.tracer.clone());
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder()
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(rls)
-        .add_optional_service(rlqs);
+    let mut routes = tonic::service::Routes::builder();
+    routes.add_service(health_service).add_service(reflection);
+    if let Some(rlqs) = rlqs {
+        routes.add_service(rlqs);
+    }
+    let dispatch = Dispatch::new(rls, routes.routes(), config.default_timeout);
+    let http2 = Http2Settings {
+        max_concurrent_streams: limits.max_concurrent_streams,
+        keepalive_interval: limits.http2_keepalive_interval,
+        keepalive_timeout: limits.http2_keepalive_timeout,
+    };
     let stopped = async {
         let _ = stopped.await;
     };
-    type ServerFuture<'a> =
-        std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send + 'a>>;
+    type ServerFuture<'a> = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
     let server: ServerFuture<'_> = match (listener, &uds, listener_tls) {
         (Some(listener), _, Some(tls)) => {
             let incoming = GuardedIncoming::new(listener, connection_limits(limits));
@@ -368,21 +371,21 @@ async fn run<B: RateLimitPort>(
             let (incoming, handshakes) =
                 super::grpc_tls::incoming(incoming, tls.config, limits.handshake_timeout);
             tasks.push(handshakes);
-            Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            Box::pin(grpc_server::serve(incoming, dispatch, &http2, stopped))
         }
         (Some(listener), _, None) => {
             let incoming = GuardedIncoming::new(listener, connection_limits(limits));
-            Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            Box::pin(grpc_server::serve(incoming, dispatch, &http2, stopped))
         }
         (None, Some(uds), _) => {
             let incoming = super::uds::UdsIncoming::new(uds.clone(), limits.max_connections);
-            Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            Box::pin(grpc_server::serve(incoming, dispatch, &http2, stopped))
         }
         (None, None, _) => anyhow::bail!("no gRPC listener"),
     };
     tokio::pin!(server);
     let result = tokio::select! {
-        result = &mut server => result.context("gRPC server failed"),
+        () = &mut server => Ok(()),
         () = shutdown => {
             drain(&readiness, &health_reporter, stop, server, config.shutdown_grace).await
         }
@@ -414,7 +417,7 @@ async fn drain(
     readiness: &Readiness,
     health: &tonic_health::server::HealthReporter,
     stop: tokio::sync::oneshot::Sender<()>,
-    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    server: impl Future<Output = ()>,
     grace: Duration,
 ) -> anyhow::Result<()> {
     readiness.begin_shutdown();
@@ -425,10 +428,7 @@ async fn drain(
     );
     let _ = stop.send(());
     match tokio::time::timeout(grace, server).await {
-        Ok(result) => {
-            result.context("gRPC server failed while draining")?;
-            tracing::info!("drained; exiting");
-        }
+        Ok(()) => tracing::info!("drained; exiting"),
         Err(_) => tracing::warn!(
             ?grace,
             "shutdown grace elapsed; abandoning requests still in flight"

@@ -107,6 +107,25 @@ where
     }
 
     fn call(&mut self, request: http::Request<Req>) -> Self::Future {
+        self.handle(request)
+    }
+}
+
+impl<B: RateLimitPort> RateLimitServer<B> {
+    /// The gRPC path this service answers.
+    pub const PATH: &'static str = SHOULD_RATE_LIMIT;
+
+    /// Answers one HTTP/2 request: [`Self::PATH`] with the limiter's decision, any other path
+    /// with `UNIMPLEMENTED`. Takes `&self` so a server that dispatches by path itself (the
+    /// binary's gRPC listener) calls it without tower's per-request layers.
+    pub fn handle<Req>(
+        &self,
+        request: http::Request<Req>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible>
+    where
+        Req: Body + Send + 'static,
+        Req::Error: Into<StdError> + Send + 'static,
+    {
         if request.uri().path() != SHOULD_RATE_LIMIT {
             return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
         }
