@@ -16,6 +16,7 @@ pub const GOAWAY: u8 = 0x7;
 pub const END_STREAM: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
 pub const ACK: u8 = 0x1;
+pub const NO_ERROR: u32 = 0x0;
 pub const REFUSED_STREAM: u32 = 0x7;
 
 pub const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";

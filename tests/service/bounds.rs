@@ -6,11 +6,11 @@
 use crate::common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::raw_h2::{
-    frame, grpc_request_headers, RawConn, END_HEADERS, HEADERS, REFUSED_STREAM, RLS_PATH,
-    RST_STREAM, SETTINGS,
+    frame, grpc_request_headers, RawConn, END_HEADERS, END_STREAM, HEADERS, NO_ERROR,
+    REFUSED_STREAM, RLS_PATH, RST_STREAM, SETTINGS,
 };
 use common::server::{
     call, descriptor, metric, request, wait_until, EdgelimitServer, ServerOptions, OK,
@@ -176,8 +176,11 @@ async fn response_size_is_bounded_by_the_codec() {
     assert!(status.message().contains("found 22 bytes"), "{status:?}");
 }
 
-/// Opens `count` streams on one raw connection without finishing any; returns the ids the
-/// server refused with `RST_STREAM(REFUSED_STREAM)`.
+/// Opens `count` streams on one raw connection without ever sending their bodies; returns the
+/// ids the server refused with `RST_STREAM(REFUSED_STREAM)`. Every stream it did not refuse
+/// must be answered within the wait (trailers-only, `END_STREAM`) once the caller's deadline
+/// (the server's `default_timeout`, 1 s here) passes without a body, and may be reset with
+/// `NO_ERROR` after its answer; any other reset fails the test.
 fn open_streams(port: u16, count: u32) -> Vec<u32> {
     let mut conn = RawConn::connect(port).expect("connect");
     conn.greet().expect("greet");
@@ -188,16 +191,41 @@ fn open_streams(port: u16, count: u32) -> Vec<u32> {
     assert_eq!(settings.stream, 0);
     conn.send(&frame(SETTINGS, 1, 0, &[])).expect("ack");
     let headers = grpc_request_headers(RLS_PATH);
-    for i in 0..count {
-        conn.send(&frame(HEADERS, END_HEADERS, 1 + 2 * i, &headers))
+    let opened: Vec<u32> = (0..count).map(|i| 1 + 2 * i).collect();
+    for &id in &opened {
+        conn.send(&frame(HEADERS, END_HEADERS, id, &headers))
             .expect("headers");
     }
     let mut refused = Vec::new();
-    while let Ok(f) = conn.wait_for(Duration::from_secs(3), |f| f.kind == RST_STREAM) {
+    let mut answered = Vec::new();
+    let until = Instant::now() + Duration::from_secs(3);
+    while refused.len() + answered.len() < opened.len() {
+        let left = until.saturating_duration_since(Instant::now());
+        let Ok(f) = conn.wait_for(left, |f| matches!(f.kind, RST_STREAM | HEADERS)) else {
+            break;
+        };
+        if f.kind == HEADERS {
+            assert_ne!(
+                f.flags & END_STREAM,
+                0,
+                "a late body is answered trailers-only: {f:?}"
+            );
+            answered.push(f.stream);
+            continue;
+        }
         let code = u32::from_be_bytes([f.payload[0], f.payload[1], f.payload[2], f.payload[3]]);
+        if code == NO_ERROR && answered.contains(&f.stream) {
+            continue;
+        }
         assert_eq!(code, REFUSED_STREAM, "{f:?}");
         refused.push(f.stream);
     }
+    let mut settled: Vec<u32> = refused.iter().chain(&answered).copied().collect();
+    settled.sort_unstable();
+    assert_eq!(
+        settled, opened,
+        "every stream is refused or answered at its deadline (refused {refused:?}, answered {answered:?})"
+    );
     refused
 }
 
