@@ -107,7 +107,7 @@ run() {
   answered=$(echo "$out" | grep -o ' answered=[0-9]*' | cut -d= -f2)
   errors=$(echo "$out" | grep -o ' errors=[0-9]*' | cut -d= -f2)
   local cpu
-  cpu=$(awk -v t=$((t1 - t0)) -v k="$TCK" -v n="$answered" 'BEGIN { printf "%.1f", n > 0 ? t / k / n * 1e6 : 0 }')
+  cpu=$(awk -v t=$((t1 - t0)) -v k="$TCK" -v n="$answered" 'BEGIN { printf "%.1f", (n > 0 ? t / k / n * 1e6 : 0) }')
   printf '%-4s %8s req/s  %6s us/req  p99 %6s ms  errors %s\n' "$label" "$rps" "$cpu" "$p99" "$errors"
   echo "$label $rps $cpu $p99" >>"$WORK/results"
 }
@@ -134,7 +134,7 @@ for metric in "2 req/s" "3 server CPU us/req" "4 p99 ms"; do
   name=${metric#* }
   o=$(col old "$c")
   n=$(col new "$c")
-  awk -v o="$o" -v n="$n" -v name="$name" 'BEGIN { printf "%-20s %10s -> %-10s %.3fx\n", name, o, n, o > 0 ? n / o : 0 }'
+  awk -v o="$o" -v n="$n" -v name="$name" 'BEGIN { printf "%-20s %10s -> %-10s %.3fx\n", name, o, n, (o > 0 ? n / o : 0) }'
 done
 wins=$(awk '$1 == "old" { o[++a] = $3 } $1 == "new" { n[++b] = $3 } END { w = 0; for (i = 1; i <= a; i++) if (n[i] < o[i]) w++; print w }' "$WORK/results")
 echo "rounds in which new used less server CPU per request: $wins of $ROUNDS"
