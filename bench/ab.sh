@@ -50,27 +50,14 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 head -c 48 /dev/urandom | base64 >"$WORK/secret"
-TCK=$(getconf CLK_TCK)
-cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}' || echo 0; }
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 BACKEND_YAML="backend: memory"
 if [ "$BACKEND" = redis ]; then
   command -v redis-server >/dev/null || { echo "error: redis-server not found" >&2; exit 2; }
-  for _ in 1 2 3 4 5 6 7 8; do
-    port=$((20000 + RANDOM % 40000))
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-      --dir "$WORK" --logfile "$WORK/redis.log" &
-    pid=$!
-    sleep 0.3
-    if kill -0 "$pid" 2>/dev/null && redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then
-      PIDS+=("$pid")
-      BACKEND_YAML=$(printf 'redis:\n  url: redis://127.0.0.1:%s' "$port")
-      break
-    fi
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  [ "$BACKEND_YAML" != "backend: memory" ] || { echo "error: no redis-server started" >&2; exit 1; }
+  start_redis
+  BACKEND_YAML=$(printf 'redis:\n  url: redis://127.0.0.1:%s/' "$REDIS_PORT")
 fi
 
 # run LABEL BINARY: one server, one load; appends "label rps cpu_us p99_ms" to results.
@@ -107,7 +94,7 @@ run() {
   answered=$(echo "$out" | grep -o ' answered=[0-9]*' | cut -d= -f2)
   errors=$(echo "$out" | grep -o ' errors=[0-9]*' | cut -d= -f2)
   local cpu
-  cpu=$(awk -v t=$((t1 - t0)) -v k="$TCK" -v n="$answered" 'BEGIN { printf "%.1f", (n > 0 ? t / k / n * 1e6 : 0) }')
+  cpu=$(per_request_us $((t1 - t0)) "$answered")
   printf '%-4s %8s req/s  %6s us/req  p99 %6s ms  errors %s\n' "$label" "$rps" "$cpu" "$p99" "$errors"
   echo "$label $rps $cpu $p99" >>"$WORK/results"
 }

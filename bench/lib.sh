@@ -1,0 +1,34 @@
+# Helpers shared by bench/run.sh and bench/ab.sh (sourced, not run). The caller sets WORK
+# (a scratch directory) and PIDS (an array its exit trap kills).
+
+# start_redis: a private redis-server on a free loopback port; sets REDIS_PORT and REDIS_PID.
+REDIS_PORT=
+start_redis() {
+  local attempt port pid
+  for attempt in 1 2 3 4 5 6 7 8; do
+    port=$((20000 + RANDOM % 40000))
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+      --protected-mode yes --dir "$WORK" --logfile "$WORK/redis.log" &
+    pid=$!
+    for _ in $(seq 50); do
+      if ! kill -0 "$pid" 2>/dev/null; then break; fi
+      # Verify it is *our* server that answers (another one may hold the port).
+      if redis-cli -p "$port" info server 2>/dev/null | grep -q "^process_id:$pid"; then
+        PIDS+=("$pid")
+        REDIS_PORT=$port
+        REDIS_PID=$pid
+        return 0
+      fi
+      sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  echo "error: could not start redis-server on a free port" >&2
+  exit 1
+}
+
+# CPU time (user + system, clock ticks) a process has used so far.
+TCK=$(getconf CLK_TCK)
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}' || echo 0; }
+per_request_us() { awk -v t="$1" -v k="$TCK" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / k / n * 1e6; else print "n/a" }'; }
