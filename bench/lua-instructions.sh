@@ -9,7 +9,9 @@
 # For each case it starts a private redis-server under callgrind on a free loopback port,
 # warms it up with redis-benchmark (keys bench:{__rand_int__}, -r 1000: real state), zeroes
 # the counters, runs N more calls and reads the total. Needs valgrind, redis-server,
-# redis-benchmark, redis-cli. About a minute per case.
+# redis-benchmark, redis-cli. About a minute per case. The first two cases are references (an
+# empty program, the fixed-window program's Redis commands without its logic): the fixed-window
+# count minus the second is what its Lua costs, the second minus the first its commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in valgrind callgrind_control redis-server redis-cli redis-benchmark; do
@@ -61,7 +63,32 @@ measure() {
     "$(awk -v t="$total" -v n="$n" -v m="$members" 'BEGIN { print t / n / m }')"
 }
 
+# Two references in the same harness, so that a program's count splits into the call itself,
+# the Redis commands it makes and its own Lua: a program that returns at once, and one that
+# makes exactly the fixed-window program's commands on the same keys (TIME, HGETALL, HSET of
+# the 7 fields of a new state or the 3 of a present one, PEXPIRE, a 7-field reply) and decides
+# nothing.
+cat >"$WORK/floor.lua" <<'LUA'
+return 1
+LUA
+cat >"$WORK/commands.lua" <<'LUA'
+local t = redis.call('TIME')
+local all = redis.pcall('HGETALL', KEYS[1])
+if #all == 0 then
+  redis.call('HSET', KEYS[1], 'v', '1', 'a', 'fixed_window', 'p', 'bench', 'r', '00000000000000aa',
+    'o', t[1], 'w', '1', 'c', '1')
+else
+  redis.call('HSET', KEYS[1], 'o', t[1], 'w', '1', 'c', '2')
+end
+redis.call('PEXPIRE', KEYS[1], '3600000')
+return { 'ALLOWED', 1, 2, 3, 4, 5, 6 }
+LUA
+
 echo "== Lua program cost inside redis-server ($(redis-server --version | cut -d' ' -f3)), callgrind"
+measure "reference: EVALSHA of 'return 1'" "$WORK/floor.lua" 1 4000 \
+  1 'bench:{__rand_int__}' $COMMON $PARAMS
+measure "reference: the fixed-window commands alone" "$WORK/commands.lua" 1 4000 \
+  1 'bench:{__rand_int__}' $COMMON $PARAMS
 measure "rate-fixed-window-v1 (one limit, alone)" "$LUA/rate-fixed-window-v1.lua" 1 4000 \
   1 'bench:{__rand_int__}' $COMMON $PARAMS
 for m in 1 16; do
