@@ -2,7 +2,16 @@
 -- Stored fields: o last observed ms, w window id, c consumed.
 -- A consumed count above the limit (the limit was lowered) is kept: nothing passes until the
 -- window ends.
-local FIXED_WINDOW = { name = 'fixed_window', param_count = 2 }
+-- Every entry is named in the constructor (the functions below fill them in): a table grown
+-- by assignment is rehashed each time it fills, and the program builds this one per call.
+local FIXED_WINDOW = { name = 'fixed_window', param_count = 2,
+  params = false, limit = false, fields = false, decode = false, encode = false,
+  eval = false }
+
+-- A table for the stored hash (prologue `load`), presized with every field it should hold.
+function FIXED_WINDOW.fields()
+  return { v = false, a = false, p = false, r = false, o = false, w = false, c = false }
+end
 
 -- Parameters from ARGV strings; nil (and the limit to report) when malformed.
 function FIXED_WINDOW.params(window, limit)
@@ -23,7 +32,7 @@ function FIXED_WINDOW.decode(h, _)
 end
 
 function FIXED_WINDOW.encode(st)
-  return { 'o', fmt(st.o), 'w', fmt(st.w), 'c', fmt(st.c) }
+  return 'o', fmt(st.o), 'w', fmt(st.w), 'c', fmt(st.c)
 end
 
 function FIXED_WINDOW.eval(p, c, st, now)

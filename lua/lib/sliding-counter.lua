@@ -7,7 +7,17 @@
 local SCALE = 1000000
 -- window * SCALE and count * SCALE must stay exact: floor(MAX / SCALE).
 local MAX_SCALED = 9007199254
-local SLIDING_COUNTER = { name = 'sliding_window', param_count = 2 }
+-- Every entry is named in the constructor (the functions below fill them in): a table grown
+-- by assignment is rehashed each time it fills, and the program builds this one per call.
+local SLIDING_COUNTER = { name = 'sliding_window', param_count = 2,
+  params = false, limit = false, fields = false, decode = false, encode = false,
+  eval = false }
+
+-- A table for the stored hash (prologue `load`), presized with every field it should hold.
+function SLIDING_COUNTER.fields()
+  return { v = false, a = false, p = false, r = false, o = false, pw = false, pc = false,
+    cw = false, cc = false }
+end
 
 function SLIDING_COUNTER.params(window, limit)
   local p = { window = int_arg(window, 1, MAX_SCALED), limit = int_arg(limit, 0, MAX_SCALED) }
@@ -32,7 +42,7 @@ function SLIDING_COUNTER.decode(h, _)
 end
 
 function SLIDING_COUNTER.encode(st)
-  return { 'o', fmt(st.o), 'pw', fmt(st.pw), 'pc', fmt(st.pc), 'cw', fmt(st.cw), 'cc', fmt(st.cc) }
+  return 'o', fmt(st.o), 'pw', fmt(st.pw), 'pc', fmt(st.pc), 'cw', fmt(st.cw), 'cc', fmt(st.cc)
 end
 
 function SLIDING_COUNTER.eval(p, c, st, now)

@@ -5,7 +5,16 @@
 -- Stored fields: o last observed (= last refill) ms, t whole tokens, m sub-token remainder in
 -- 1/period units (level = t + m / period; m = 0 whenever t = capacity).
 -- More tokens than the capacity (the capacity was lowered) are clamped to a full bucket.
-local TOKEN_BUCKET = { name = 'token_bucket', param_count = 3 }
+-- Every entry is named in the constructor (the functions below fill them in): a table grown
+-- by assignment is rehashed each time it fills, and the program builds this one per call.
+local TOKEN_BUCKET = { name = 'token_bucket', param_count = 3,
+  params = false, limit = false, fields = false, decode = false, encode = false,
+  eval = false }
+
+-- A table for the stored hash (prologue `load`), presized with every field it should hold.
+function TOKEN_BUCKET.fields()
+  return { v = false, a = false, p = false, r = false, o = false, t = false, m = false }
+end
 
 function TOKEN_BUCKET.params(period, rate, capacity)
   local p = {
@@ -31,7 +40,7 @@ function TOKEN_BUCKET.decode(h, p)
 end
 
 function TOKEN_BUCKET.encode(st)
-  return { 'o', fmt(st.o), 't', fmt(st.t), 'm', fmt(st.m) }
+  return 'o', fmt(st.o), 't', fmt(st.t), 'm', fmt(st.m)
 end
 
 function TOKEN_BUCKET.eval(p, c, st, now)

@@ -9,11 +9,14 @@ use edgelimit_contract::{Algorithm, AlgorithmParams, RateLimitPolicy, Revision};
 
 use crate::codec::SCHEMA_VERSION;
 
-/// Composes one program: a name line, the shared prologue, the algorithm modules, the driver.
+/// Composes one program: a name line, whether it memoises number conversions (`MEMOISE`, see
+/// the prologue: it pays where many members repeat the same strings), the shared prologue, the
+/// algorithm modules, the driver.
 macro_rules! program {
-    ($name:literal, [$($module:literal),+], $bind:literal, $driver:literal) => {
+    ($name:literal, memoise: $memoise:literal, [$($module:literal),+], $bind:literal, $driver:literal) => {
         concat!(
             "-- edgelimit ", $name, " (composed from lua/lib; see lua/README.md)\n",
+            "local MEMOISE = ", $memoise, "\n",
             include_str!("../../../lua/lib/prologue.lua"),
             $(include_str!(concat!("../../../lua/lib/", $module, ".lua")),)+
             $bind,
@@ -24,30 +27,35 @@ macro_rules! program {
 
 const FIXED_WINDOW_SOURCE: &str = program!(
     "rate-fixed-window-v1",
+    memoise: "false",
     ["fixed-window"],
     "local ALGORITHM = FIXED_WINDOW\n",
     "single"
 );
 const SLIDING_COUNTER_SOURCE: &str = program!(
     "rate-sliding-counter-v1",
+    memoise: "false",
     ["sliding-counter"],
     "local ALGORITHM = SLIDING_COUNTER\n",
     "single"
 );
 const TOKEN_BUCKET_SOURCE: &str = program!(
     "rate-token-bucket-v1",
+    memoise: "false",
     ["token-bucket"],
     "local ALGORITHM = TOKEN_BUCKET\n",
     "single"
 );
 const COMPOSITE_SOURCE: &str = program!(
     "rate-composite-v1",
+    memoise: "true",
     ["fixed-window", "sliding-counter", "token-bucket", "decide"],
     "",
     "composite"
 );
 const BATCH_SOURCE: &str = program!(
     "rate-batch-v1",
+    memoise: "true",
     ["fixed-window", "sliding-counter", "token-bucket", "decide"],
     "",
     "batch"
