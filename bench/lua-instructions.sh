@@ -34,9 +34,12 @@ fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# The check arguments of one fixed-window limit (1,000,000 per hour): as the server sends them.
+# The check arguments of one limit (a fixed or sliding window of 1,000,000 per hour): as the
+# server sends them.
 COMMON="1 bench 00000000000000aa 1 1000 60000"
 PARAMS="3600000 1000000"
+# A token bucket of 1,000,000 refilled by 1,000 every second.
+TOKEN_PARAMS="1000 1000 1000000"
 
 # measure LABEL FILE MEMBERS N KEYS... -- ARGS...: instructions per decision.
 measure() {
@@ -52,9 +55,9 @@ measure() {
   local sha
   sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$file")")
   redis-benchmark -p "$port" -c 4 -P 4 -n 400 -r 1000 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
-  callgrind_control -z "$VPID" >/dev/null
+  callgrind_control -z "$VPID" >/dev/null 2>&1
   redis-benchmark -p "$port" -c 4 -P 4 -n "$n" -r 1000 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
-  callgrind_control -d "$VPID" >/dev/null
+  callgrind_control -d "$VPID" >/dev/null 2>&1
   kill "$VPID"; wait "$VPID" 2>/dev/null || true
   VPID=
   local total
@@ -91,6 +94,14 @@ measure "reference: the fixed-window commands alone" "$WORK/commands.lua" 1 4000
   1 'bench:{__rand_int__}' $COMMON $PARAMS
 measure "rate-fixed-window-v1 (one limit, alone)" "$LUA/rate-fixed-window-v1.lua" 1 4000 \
   1 'bench:{__rand_int__}' $COMMON $PARAMS
+measure "rate-sliding-counter-v1" "$LUA/rate-sliding-counter-v1.lua" 1 4000 \
+  1 'bench:{__rand_int__}' $COMMON $PARAMS
+measure "rate-token-bucket-v1" "$LUA/rate-token-bucket-v1.lua" 1 4000 \
+  1 'bench:{__rand_int__}' $COMMON $TOKEN_PARAMS
+# One request of three limits, one per algorithm, each on its own key (counted per limit).
+measure "rate-composite-v1, 3 limits (f, s, t)" "$LUA/rate-composite-v1.lua" 3 2000 \
+  3 'bench:f:{__rand_int__}' 'bench:s:{__rand_int__}' 'bench:t:{__rand_int__}' \
+  1 commit 3 '' 1 f 0 $COMMON $PARAMS 2 s 0 $COMMON $PARAMS 3 t 0 $COMMON $TOKEN_PARAMS
 for m in 1 16; do
   keys=()
   args=(1 "$m")
