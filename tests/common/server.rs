@@ -128,15 +128,42 @@ impl EdgelimitServer {
         };
         let secret = dir.path().join("secret");
         std::fs::write(&secret, &options.secret).expect("write secret");
-        let grpc_port = free_port();
-        let admin_port = free_port();
+        let mut server = EdgelimitServer {
+            grpc_port: 0,
+            admin_port: 0,
+            child: None,
+            log: dir.path().join("server.log"),
+            dir,
+            policy_dir,
+        };
+        // A port found free can be taken before the server binds it (by any connection's
+        // ephemeral port): then the server exits at once, and it is started on new ports.
+        for _ in 0..5 {
+            server.grpc_port = free_port();
+            server.admin_port = free_port();
+            let config = server.write_config(&options);
+            if server.spawn(&config) {
+                return server;
+            }
+        }
+        panic!(
+            "edgelimit could not listen on free ports after 5 attempts:\n{}",
+            server.log_text()
+        );
+    }
+
+    fn write_config(&self, options: &ServerOptions) -> PathBuf {
+        let dir = self.dir.path();
+        let secret = dir.join("secret");
         let mut yaml = format!(
-            "listen: 127.0.0.1:{grpc_port}\nadmin_listen: 127.0.0.1:{admin_port}\npolicy_dir: {}\nhmac_secret:\n  file: {}\n",
-            policy_dir.display(),
+            "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\npolicy_dir: {}\nhmac_secret:\n  file: {}\n",
+            self.grpc_port,
+            self.admin_port,
+            self.policy_dir.display(),
             secret.display()
         );
         if let Some(previous) = &options.previous_secret {
-            let path = dir.path().join("previous-secret");
+            let path = dir.join("previous-secret");
             std::fs::write(&path, previous).expect("write previous secret");
             yaml.push_str(&format!("  previous_file: {}\n", path.display()));
         }
@@ -147,22 +174,14 @@ impl EdgelimitServer {
             }
         }
         yaml.push_str(&options.extra);
-        let config = dir.path().join("edgelimit.yaml");
+        let config = dir.join("edgelimit.yaml");
         std::fs::write(&config, yaml).expect("write config");
-        let log = dir.path().join("server.log");
-        let mut server = EdgelimitServer {
-            grpc_port,
-            admin_port,
-            child: None,
-            dir,
-            policy_dir,
-            log,
-        };
-        server.spawn(&config);
-        server
+        config
     }
 
-    fn spawn(&mut self, config: &Path) {
+    /// Starts the server and waits until both listeners accept; false when it exited because
+    /// a port was taken (any other early exit panics with the server's log).
+    fn spawn(&mut self, config: &Path) -> bool {
         let log = std::fs::File::create(&self.log).expect("log file");
         let log_err = log.try_clone().expect("log file");
         // EDGELIMIT_TEST_BIN runs the tests against another build (e.g. the release binary).
@@ -182,14 +201,19 @@ impl EdgelimitServer {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if listening(self.grpc_port) && listening(self.admin_port) {
-                return;
+                return true;
             }
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("edgelimit exited early ({status}):\n{}", self.log_text());
+                self.child = None;
+                let log = self.log_text();
+                if log.contains("Address already in use") {
+                    return false;
+                }
+                panic!("edgelimit exited early ({status}):\n{log}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
