@@ -8,13 +8,25 @@
 -- late          the request's deadline has passed: nothing is read or stored, every check
 --               answers EXPIRED
 -- Returns the n replies and the index in ARGV after the request's checks.
-local ALGORITHMS = { f = FIXED_WINDOW, s = SLIDING_COUNTER, t = TOKEN_BUCKET }
+-- Algorithms by their code, each module built the first time a check names it (the program
+-- wraps each module in its loader, crates/redis/src/programs.rs). `false`: not built yet; an
+-- unknown code (or none) finds nil.
+local LOADERS = { f = FIXED_WINDOW_MODULE, s = SLIDING_COUNTER_MODULE, t = TOKEN_BUCKET_MODULE }
+local algorithms = { f = false, s = false, t = false }
+local function algorithm(code)
+  local algo = algorithms[code]
+  if algo == false then
+    algo = LOADERS[code]()
+    algorithms[code] = algo
+  end
+  return algo
+end
 
 -- The check whose arguments start at ARGV[i]: its algorithm, key index, shadow flag, common
 -- arguments and parameters (any of them nil when malformed: the check answers INVALID), the
 -- limit to report, and the index after its arguments.
 local function parse_check(i, nkeys)
-  local algo = ALGORITHMS[ARGV[i + 1]]
+  local algo = algorithm(ARGV[i + 1])
   local count = algo and algo.param_count or 2
   local ki = int_arg(ARGV[i], 1, nkeys)
   local shadow = ARGV[i + 2] == '1'

@@ -45,6 +45,40 @@ function SLIDING_COUNTER.encode(st)
   return 'o', fmt(st.o), 'pw', fmt(st.pw), 'pc', fmt(st.pc), 'cw', fmt(st.cw), 'cc', fmt(st.cc)
 end
 
+-- Earliest offset into a window at which ceil(count * weight / SCALE) <= allowance, or nil
+-- if no offset inside the window qualifies. Exact: weight <= floor(allowance * SCALE / count)
+-- <=> (window - e) * SCALE <= w_max * window <=> e >= window - floor(w_max * window / SCALE).
+local function earliest_offset(count, allowance, window)
+  if count == 0 then return 0 end
+  local w_max = divmod(allowance * SCALE, count)
+  if w_max >= SCALE then return 0 end
+  local offset = window - divmod(w_max * window, SCALE)
+  if offset >= window then return nil end
+  return offset
+end
+
+-- Time until `need` more units would be admitted, assuming no other traffic: later in this
+-- window, in the next one (the current count becomes the previous), or at the start of the
+-- one after (both empty). Never earlier than the true earliest millisecond. `w` holds the
+-- evaluation's window, limit, counts and times (see `eval`). Functions at this level, not
+-- inside `eval`: Lua builds a closure each time its definition runs, and only denials need it.
+local function retry_for(need, w)
+  if need > w.limit then
+    return w.window_end + w.window - w.now
+  end
+  if w.cur_count + need <= w.limit then
+    local offset = earliest_offset(w.weighted_count, w.limit - w.cur_count - need, w.window)
+    if offset ~= nil and offset > w.elapsed then
+      return offset - w.elapsed
+    end
+  end
+  local offset = earliest_offset(w.cur_count, w.limit - need, w.window)
+  if offset ~= nil then
+    return w.window_end + offset - w.now
+  end
+  return w.window_end + w.window - w.now
+end
+
 function SLIDING_COUNTER.eval(p, c, st, now)
   local window, limit = p.window, p.limit
   local prev_id, prev_count, cur_id, cur_count = nil, 0, nil, 0
@@ -70,75 +104,40 @@ function SLIDING_COUNTER.eval(p, c, st, now)
 
   -- Weighted previous count: ceil(count * ceil((window - elapsed) * SCALE / window) / SCALE).
   -- (window - elapsed) * SCALE <= window * SCALE and count * weight <= MAX_SCALED * SCALE.
-  local function weighted(count, into_window)
-    if count == 0 then return 0 end
-    local weight = ceil_div((window - into_window) * SCALE, window)
-    return ceil_div(count * weight, SCALE)
+  local estimate = cur_count
+  if weighted_count > 0 then
+    local weight = ceil_div((window - elapsed) * SCALE, window)
+    estimate = estimate + ceil_div(weighted_count * weight, SCALE)
   end
-
-  -- Earliest offset into a window at which ceil(count * weight / SCALE) <= allowance, or nil
-  -- if no offset inside the window qualifies. Exact: weight <= floor(allowance * SCALE / count)
-  -- <=> (window - e) * SCALE <= w_max * window <=> e >= window - floor(w_max * window / SCALE).
-  local function earliest_offset(count, allowance)
-    if count == 0 then return 0 end
-    local w_max = divmod(allowance * SCALE, count)
-    if w_max >= SCALE then return 0 end
-    local offset = window - divmod(w_max * window, SCALE)
-    if offset >= window then return nil end
-    return offset
-  end
-
-  local estimate = weighted(weighted_count, elapsed) + cur_count
   local window_end = (current + 1) * window
 
-  -- Time until `need` more units would be admitted, assuming no other traffic: later in this
-  -- window, in the next one (the current count becomes the previous), or at the start of the
-  -- one after (both empty). Never earlier than the true earliest millisecond.
-  local function retry_for(need)
-    if need > limit then
-      return window_end + window - now
-    end
-    if cur_count + need <= limit then
-      local offset = earliest_offset(weighted_count, limit - cur_count - need)
-      if offset ~= nil and offset > elapsed then
-        return offset - elapsed
-      end
-    end
-    local offset = earliest_offset(cur_count, limit - need)
-    if offset ~= nil then
-      return window_end + offset - now
-    end
-    return window_end + window - now
-  end
-
-  -- When the estimate reaches zero again (the full limit is available).
-  local function reset_at_for(count_now)
-    if count_now > 0 then return window_end + window end
-    if weighted_count > 0 then return window_end end
-    return now
-  end
-
+  local status, retry = 'DENIED', 0
   if c.cost == 0 then
     if estimate + 1 <= limit then
-      return { 'ALLOWED', server_now, now, limit, limit - estimate, 0, reset_at_for(cur_count) }
+      status = 'ALLOWED'
     end
-    return { 'DENIED', server_now, now, limit, math.max(limit - estimate, 0), retry_for(1),
-      reset_at_for(cur_count) }
-  end
-
-  local status = 'DENIED'
-  local retry = 0
-  -- cost may be up to 2^53 - 1: compare against the allowance instead of adding.
-  if estimate <= limit and c.cost <= limit - estimate then
+  elseif estimate <= limit and c.cost <= limit - estimate then
+    -- cost may be up to 2^53 - 1: compared against the allowance instead of adding.
     cur_count = cur_count + c.cost
     estimate = estimate + c.cost
     status = 'ALLOWED'
-  else
-    retry = retry_for(c.cost)
   end
+  if status == 'DENIED' then
+    retry = retry_for(c.cost == 0 and 1 or c.cost, { limit = limit, window = window,
+      now = now, elapsed = elapsed, window_end = window_end, cur_count = cur_count,
+      weighted_count = weighted_count })
+  end
+  -- When the estimate reaches zero again (the full limit is available).
+  local reset_at = now
+  if cur_count > 0 then
+    reset_at = window_end + window
+  elseif weighted_count > 0 then
+    reset_at = window_end
+  end
+  local reply = { status, server_now, now, limit, math.max(limit - estimate, 0), retry,
+    reset_at }
+  if c.cost == 0 then return reply end
   -- After the next window ends both counts have rolled out: the state equals an absent key.
-  return { status, server_now, now, limit, math.max(limit - estimate, 0), retry,
-      reset_at_for(cur_count) },
-    { o = now, pw = prev_id, pc = prev_count, cw = cur_id, cc = cur_count },
+  return reply, { o = now, pw = prev_id, pc = prev_count, cw = cur_id, cc = cur_count },
     window_end + window - now + c.grace
 end

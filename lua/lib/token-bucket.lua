@@ -43,6 +43,14 @@ function TOKEN_BUCKET.encode(st)
   return 'o', fmt(st.o), 't', fmt(st.t), 'm', fmt(st.m)
 end
 
+-- Milliseconds until a bucket of `tokens` and remainder `rem` holds `want` whole tokens:
+-- ceil(((want - t) * period - m) / rate). At this level, not inside `eval`: Lua builds a
+-- closure each time its definition runs.
+local function time_to(want, tokens, rem, period, rate)
+  if tokens >= want then return 0 end
+  return ceil_div((want - tokens) * period - rem, rate)
+end
+
 function TOKEN_BUCKET.eval(p, c, st, now)
   local period, rate, capacity = p.period, p.rate, p.capacity
   local tokens, rem, last = capacity, 0, now
@@ -69,45 +77,32 @@ function TOKEN_BUCKET.eval(p, c, st, now)
     end
   end
 
-  -- Milliseconds until the bucket holds `want` whole tokens: ceil(((want - t) * period - m) / rate).
-  local function time_to(want)
-    if tokens >= want then return 0 end
-    return ceil_div((want - tokens) * period - rem, rate)
-  end
-
-  -- reset_at = now + time to full, kept exact; only unreachable (~285,000 years away) saturates.
-  local function reset_at()
-    local ttf = time_to(capacity)
-    if ttf > MAX - now then return MAX end
-    return now + ttf
-  end
-
-  -- A cost above capacity can never pass: point at the full bucket, at least one period away.
-  local function retry_for(need)
-    if need > capacity then return math.max(time_to(capacity), period) end
-    return time_to(need)
-  end
-
+  local status, retry = 'DENIED', 0
   if c.cost == 0 then
-    if tokens >= 1 then
-      return { 'ALLOWED', server_now, now, capacity, tokens, 0, reset_at() }
-    end
-    return { 'DENIED', server_now, now, capacity, tokens, retry_for(1), reset_at() }
-  end
-
-  local status = 'DENIED'
-  local retry = 0
-  if tokens >= c.cost then
+    if tokens >= 1 then status = 'ALLOWED' end
+  elseif tokens >= c.cost then
     tokens = tokens - c.cost
     status = 'ALLOWED'
-  else
-    retry = retry_for(c.cost)
   end
+  local to_full = time_to(capacity, tokens, rem, period, rate)
+  if status == 'DENIED' then
+    -- A cost above capacity can never pass: point at the full bucket, at least one period away.
+    local need = c.cost == 0 and 1 or c.cost
+    if need > capacity then
+      retry = math.max(to_full, period)
+    else
+      retry = time_to(need, tokens, rem, period, rate)
+    end
+  end
+  -- reset_at = now + time to full, kept exact; only unreachable (~285,000 years away) saturates.
+  local reset_at = MAX
+  if to_full <= MAX - now then reset_at = now + to_full end
+  local reply = { status, server_now, now, capacity, tokens, retry, reset_at }
+  if c.cost == 0 then return reply end
   -- A full bucket equals an absent key. At least 1 ms so that the write is never a delete, and
   -- never past the exact range.
-  local ttl = time_to(capacity)
+  local ttl = to_full
   if ttl > MAX - c.grace then ttl = MAX - c.grace end
   ttl = math.max(ttl + c.grace, 1)
-  return { status, server_now, now, capacity, tokens, retry, reset_at() },
-    { o = now, t = tokens, m = rem }, ttl
+  return reply, { o = now, t = tokens, m = rem }, ttl
 end

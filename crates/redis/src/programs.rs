@@ -12,14 +12,34 @@ use crate::codec::SCHEMA_VERSION;
 /// Composes one program: a name line, whether it memoises number conversions (`MEMOISE`, see
 /// the prologue: it pays where many members repeat the same strings), the shared prologue, the
 /// algorithm modules, the driver.
+///
+/// A single-key program runs its one module's definitions inline. A program that may use any
+/// of the algorithms wraps each module in a loader, `<NAME>_MODULE()`, which `decide.lua` calls
+/// the first time a check names that algorithm: Lua builds a closure for every function a
+/// chunk defines each time the chunk runs, and a call of one algorithm would otherwise build
+/// the other two modules' (about 20 functions and two tables) for nothing.
 macro_rules! program {
-    ($name:literal, memoise: $memoise:literal, [$($module:literal),+], $bind:literal, $driver:literal) => {
+    ($name:literal, memoise: $memoise:literal, [$module:literal], $bind:literal, $driver:literal) => {
         concat!(
             "-- edgelimit ", $name, " (composed from lua/lib; see lua/README.md)\n",
             "local MEMOISE = ", $memoise, "\n",
             include_str!("../../../lua/lib/prologue.lua"),
-            $(include_str!(concat!("../../../lua/lib/", $module, ".lua")),)+
+            include_str!(concat!("../../../lua/lib/", $module, ".lua")),
             $bind,
+            include_str!(concat!("../../../lua/lib/", $driver, ".lua"))
+        )
+    };
+    ($name:literal, memoise: $memoise:literal, lazy [$(($module:literal, $table:literal)),+], $driver:literal) => {
+        concat!(
+            "-- edgelimit ", $name, " (composed from lua/lib; see lua/README.md)\n",
+            "local MEMOISE = ", $memoise, "\n",
+            include_str!("../../../lua/lib/prologue.lua"),
+            $(
+                "local function ", $table, "_MODULE()\n",
+                include_str!(concat!("../../../lua/lib/", $module, ".lua")),
+                "return ", $table, "\nend\n",
+            )+
+            include_str!("../../../lua/lib/decide.lua"),
             include_str!(concat!("../../../lua/lib/", $driver, ".lua"))
         )
     };
@@ -49,15 +69,21 @@ const TOKEN_BUCKET_SOURCE: &str = program!(
 const COMPOSITE_SOURCE: &str = program!(
     "rate-composite-v1",
     memoise: "true",
-    ["fixed-window", "sliding-counter", "token-bucket", "decide"],
-    "",
+    lazy [
+        ("fixed-window", "FIXED_WINDOW"),
+        ("sliding-counter", "SLIDING_COUNTER"),
+        ("token-bucket", "TOKEN_BUCKET")
+    ],
     "composite"
 );
 const BATCH_SOURCE: &str = program!(
     "rate-batch-v1",
     memoise: "true",
-    ["fixed-window", "sliding-counter", "token-bucket", "decide"],
-    "",
+    lazy [
+        ("fixed-window", "FIXED_WINDOW"),
+        ("sliding-counter", "SLIDING_COUNTER"),
+        ("token-bucket", "TOKEN_BUCKET")
+    ],
     "batch"
 );
 
