@@ -16,6 +16,10 @@
 //!   window ends;
 //! - anything else is kept only to report a status (never to deny) for a short while.
 //!
+//! A request's answers are kept only when one of its enforced limits would deny the same cost
+//! again (the rest of its limits then for their status); otherwise only what is already held
+//! is refreshed. Distinct subjects with room to spare, the bulk of the traffic, cost nothing.
+//!
 //! Times are measured from when the request was sent, which is before the backend decided, so
 //! a bound never outlives its truth. Entries are keyed by policy id and revision and checked
 //! against the policy's limit, so a reload that changes the limit invalidates them. Memory is
@@ -78,12 +82,20 @@ struct Entry {
     source: edgelimit_contract::DecisionSource,
 }
 
+/// One lock's part of the cache.
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Key, Entry>,
+    /// New keys since the last sweep for expired entries (see `insert`).
+    inserts_since_sweep: usize,
+}
+
 /// A [`RateLimitPort`] that answers locally what it knows cannot pass, and asks `inner`
 /// otherwise.
 pub struct DenyCache<B> {
     inner: Arc<B>,
     settings: DenyCacheSettings,
-    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
     entries: AtomicUsize,
     /// Handles taken when the cache is built (after the recorder is installed).
     hits: metrics::Counter,
@@ -95,7 +107,7 @@ impl<B: RateLimitPort> DenyCache<B> {
     pub fn new(inner: Arc<B>, settings: DenyCacheSettings) -> Self {
         Self {
             inner,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             settings,
             entries: AtomicUsize::new(0),
             hits: metrics::counter!(edgelimit_metrics::DENY_CACHE_HITS),
@@ -117,7 +129,7 @@ impl<B: RateLimitPort> DenyCache<B> {
         self.len() == 0
     }
 
-    fn shard(&self, subject: &SubjectDigest) -> &Mutex<HashMap<Key, Entry>> {
+    fn shard(&self, subject: &SubjectDigest) -> &Mutex<Shard> {
         let b = subject.as_bytes();
         &self.shards[usize::from(b[31]) % SHARDS]
     }
@@ -136,7 +148,11 @@ impl<B: RateLimitPort> DenyCache<B> {
         request: &CompositeRequest<'_>,
         now: Instant,
     ) -> Option<CompositeOutcome> {
-        let mut known = Vec::with_capacity(request.len());
+        if self.is_empty() {
+            return None;
+        }
+        // Allocated only once an entry is found: most requests find none.
+        let mut known = Vec::new();
         let mut denied = false;
         for check in request.checks() {
             let entry = {
@@ -144,7 +160,7 @@ impl<B: RateLimitPort> DenyCache<B> {
                     .shard(check.subject())
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                shard.get(&Self::key(check)).cloned()
+                shard.map.get(&Self::key(check)).cloned()
             }?;
             if entry.until <= now || entry.limit != check.policy().params().limit() {
                 return None;
@@ -188,23 +204,34 @@ impl<B: RateLimitPort> DenyCache<B> {
     }
 
     /// Learns from the backend's answer to a request sent at `sent`.
+    ///
+    /// What it learns is kept only when it lets the same request be answered here next time:
+    /// an enforced limit of it would deny its cost again (then every limit's entry is kept,
+    /// the others to report their status). A decision with room to spare proves nothing a
+    /// local answer could use, and storing one per distinct subject filled the cache with
+    /// entries that never deny. What is already held for the request's limits is refreshed
+    /// all the same. Not keeping a bound is always safe: the backend is asked.
     fn learn(&self, request: &CompositeRequest<'_>, outcome: &CompositeOutcome, sent: Instant) {
-        for (check, outcome) in request.checks().iter().zip(outcome.outcomes()) {
-            let RateLimitOutcome::Evaluated(d) = outcome else {
-                continue;
+        let now = Instant::now();
+        let bounds =
+            || {
+                request.checks().iter().zip(outcome.outcomes()).filter_map(
+                    move |(check, outcome)| match outcome {
+                        RateLimitOutcome::Evaluated(d) => {
+                            let (denies_from, until) = Self::bound(check, d, sent);
+                            (until > now).then_some((check, d, denies_from, until))
+                        }
+                        _ => None,
+                    },
+                )
             };
-            let policy = check.policy();
-            let (denies_from, until) = if policy.algorithm() == Algorithm::FixedWindow {
-                // Nothing comes back before the window ends: more than what is left cannot pass.
-                (d.remaining.saturating_add(1), sent + d.reset_after())
-            } else if !d.allowed {
-                (check.cost().units().max(1), sent + d.retry_after)
-            } else {
-                (u64::MAX, sent + STATUS_TTL.min(d.reset_after()))
-            };
-            if until <= Instant::now() {
-                continue;
-            }
+        let useful = bounds().any(|(check, _, denies_from, _)| {
+            !check.is_shadow() && check.cost().units().max(1) >= denies_from
+        });
+        if !useful && self.is_empty() {
+            return;
+        }
+        for (check, d, denies_from, until) in bounds() {
             let entry = Entry {
                 limit: d.limit,
                 denies_from,
@@ -214,7 +241,34 @@ impl<B: RateLimitPort> DenyCache<B> {
                 certainty: d.certainty,
                 source: d.source,
             };
-            self.insert(Self::key(check), entry);
+            if useful {
+                self.insert(Self::key(check), entry);
+            } else {
+                self.refresh(&Self::key(check), entry);
+            }
+        }
+    }
+
+    /// What a decision proves: costs at least the first number cannot pass before the instant.
+    fn bound(check: &LimitCheck<'_>, d: &RateLimitDecision, sent: Instant) -> (u64, Instant) {
+        if check.policy().algorithm() == Algorithm::FixedWindow {
+            // Nothing comes back before the window ends: more than what is left cannot pass.
+            (d.remaining.saturating_add(1), sent + d.reset_after())
+        } else if !d.allowed {
+            (check.cost().units().max(1), sent + d.retry_after)
+        } else {
+            (u64::MAX, sent + STATUS_TTL.min(d.reset_after()))
+        }
+    }
+
+    /// Replaces what is held for `key`, if anything.
+    fn refresh(&self, key: &Key, entry: Entry) {
+        let mut shard = self
+            .shard(&key.subject)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = shard.map.get_mut(key) {
+            *held = entry;
         }
     }
 
@@ -224,21 +278,33 @@ impl<B: RateLimitPort> DenyCache<B> {
             .shard(&key.subject)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if !shard.contains_key(&key) && shard.len() >= per_shard {
-            let now = Instant::now();
-            let before = shard.len();
-            shard.retain(|_, e| e.until > now);
-            let mut evicted = before - shard.len();
-            if shard.len() >= per_shard {
-                if let Some(victim) = shard.keys().next().cloned() {
-                    shard.remove(&victim);
+        if shard.map.len() >= per_shard {
+            if let Some(held) = shard.map.get_mut(&key) {
+                *held = entry;
+                return;
+            }
+            let mut evicted = 0;
+            // A sweep for expired entries visits the whole shard: at most once per quarter of
+            // its size in new keys, so a new key in a full cache costs O(1) amortised (a sweep
+            // on every one cost a full cache's server twice the CPU per request).
+            if shard.inserts_since_sweep >= per_shard / 4 {
+                let now = Instant::now();
+                let before = shard.map.len();
+                shard.map.retain(|_, e| e.until > now);
+                evicted = before - shard.map.len();
+                shard.inserts_since_sweep = 0;
+            }
+            if shard.map.len() >= per_shard {
+                if let Some(victim) = shard.map.keys().next().cloned() {
+                    shard.map.remove(&victim);
                     evicted += 1;
                 }
             }
             self.entries.fetch_sub(evicted, Ordering::Relaxed);
             self.evictions.increment(evicted as u64);
         }
-        if shard.insert(key, entry).is_none() {
+        if shard.map.insert(key, entry).is_none() {
+            shard.inserts_since_sweep += 1;
             self.entries.fetch_add(1, Ordering::Relaxed);
         }
         self.size.set(self.entries.load(Ordering::Relaxed) as f64);

@@ -230,3 +230,51 @@ fn off_means_every_request_is_asked() {
     }
     assert_eq!(calls(&c), 5);
 }
+
+#[test]
+fn a_decision_with_room_to_spare_is_not_kept() {
+    let c = cache(1000);
+    let (window, bucket) = (fixed(10), bucket(10, 1_000));
+    for subject in 0..50u8 {
+        assert!(ask(&c, &[(&window, subject, 1, false)])[0].is_allowed());
+        assert!(ask(&c, &[(&bucket, subject, 1, false)])[0].is_allowed());
+    }
+    assert_eq!(c.len(), 0, "nothing learned could deny the same request");
+    // A request its limit would deny again is kept.
+    assert!(ask(&c, &[(&window, 1, 9, false)])[0].is_allowed()); // 0 left
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn what_is_held_is_refreshed_by_a_later_answer() {
+    let c = cache(1000);
+    let p = fixed(10);
+    assert!(ask(&c, &[(&p, 1, 7, false)])[0].is_allowed()); // 3 left: kept (denies 4+)
+    assert!(ask(&c, &[(&p, 1, 1, false)])[0].is_allowed()); // 2 left: refreshes it
+    assert_eq!(calls(&c), 2);
+    let o = ask(&c, &[(&p, 1, 3, false)]);
+    assert!(!o[0].is_allowed(), "3 > 2: locally");
+    assert_eq!(calls(&c), 2);
+    match &o[0] {
+        edgelimit_contract::RateLimitOutcome::Evaluated(d) => assert_eq!(d.remaining, 2),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_full_cache_keeps_taking_new_subjects() {
+    let c = cache(32);
+    let p = fixed(1);
+    for subject in 0..=255u8 {
+        // Each subject exhausts its limit: kept, evicting another when full.
+        assert!(ask(&c, &[(&p, subject, 1, false)])[0].is_allowed());
+        let before = calls(&c);
+        assert!(!ask(&c, &[(&p, subject, 1, false)])[0].is_allowed());
+        assert_eq!(
+            calls(&c),
+            before,
+            "subject {subject}: the newest entry is held"
+        );
+        assert!(c.len() <= 32, "{} entries", c.len());
+    }
+}
