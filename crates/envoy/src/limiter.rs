@@ -13,7 +13,7 @@ use edgelimit_contract::{
 };
 use edgelimit_policy::PolicySet;
 
-use crate::metrics::{record_backend_failures, DecisionCounters};
+use crate::metrics::{record_backend_failures, DecisionCounters, RequestSeconds};
 use crate::response::{self, Evaluated, Restriction};
 use crate::settings::ServiceSettings;
 use crate::subject::SubjectHasher;
@@ -27,6 +27,7 @@ pub struct RateLimiter<B> {
     previous_hasher: Option<Arc<SubjectHasher>>,
     settings: ServiceSettings,
     counters: DecisionCounters,
+    request_seconds: RequestSeconds,
 }
 
 impl<B: RateLimitPort> RateLimiter<B> {
@@ -43,6 +44,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
             previous_hasher: None,
             settings,
             counters: DecisionCounters::default(),
+            request_seconds: RequestSeconds::default(),
         }
     }
 
@@ -55,6 +57,11 @@ impl<B: RateLimitPort> RateLimiter<B> {
 
     pub fn settings(&self) -> &ServiceSettings {
         &self.settings
+    }
+
+    /// Records the time from a request's arrival to its answer.
+    pub(crate) fn record_request_seconds(&self, seconds: f64) {
+        self.request_seconds.record(seconds);
     }
 
     /// Decides `request` for a caller whose deadline is `deadline` (see [`Self::decide_wire`]).

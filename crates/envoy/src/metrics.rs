@@ -2,7 +2,7 @@
 //! latency histogram. Labels are policy ids, never request values.
 
 use std::collections::HashMap;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{OnceLock, PoisonError, RwLock};
 
 use edgelimit_contract::{PolicyId, RateLimitOutcome};
 
@@ -35,9 +35,18 @@ pub(crate) fn record_malformed_request() {
     metrics::counter!(edgelimit_metrics::MALFORMED_REQUESTS).increment(1);
 }
 
-/// Time from a request's arrival to its answer.
-pub(crate) fn record_request_seconds(seconds: f64) {
-    metrics::histogram!(edgelimit_metrics::GRPC_REQUEST_SECONDS).record(seconds);
+/// Time from a request's arrival to its answer, `edgelimit_grpc_request_seconds`: the handle
+/// taken on first use (after the server installed its recorder), not looked up in the
+/// recorder's registry on every request.
+#[derive(Default)]
+pub(crate) struct RequestSeconds(OnceLock<metrics::Histogram>);
+
+impl RequestSeconds {
+    pub fn record(&self, seconds: f64) {
+        self.0
+            .get_or_init(|| metrics::histogram!(edgelimit_metrics::GRPC_REQUEST_SECONDS))
+            .record(seconds);
+    }
 }
 
 /// Values of the `result` label of `edgelimit_decisions_total`.

@@ -24,7 +24,7 @@ use edgelimit_contract::RateLimitPort;
 
 use crate::deadline::parse_grpc_timeout;
 use crate::limiter::RateLimiter;
-use crate::metrics::{record_malformed_request, record_request_seconds};
+use crate::metrics::record_malformed_request;
 use crate::settings::FailureMode;
 use crate::trace::RequestTracer;
 use crate::wire;
@@ -173,7 +173,7 @@ impl<B: RateLimitPort> UnaryService<Decoded> for ShouldRateLimit<B> {
                     malformed_answer(limiter.settings().failure_mode)
                 }
             };
-            record_request_seconds(started.elapsed().as_secs_f64());
+            limiter.record_request_seconds(started.elapsed().as_secs_f64());
             result.map(Response::new)
         };
         match span {
