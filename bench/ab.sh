@@ -53,10 +53,7 @@ head -c 48 /dev/urandom | base64 >"$WORK/secret"
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 
-# The embedded backend with a 1 s cleanup grace (not the default 60 s): a one-second window's
-# state then goes 2 s after it began, so a run's subjects stay under memory.max_subjects,
-# beyond which new subjects fail closed and a run would measure denials.
-BACKEND_YAML=$(printf 'backend: memory\npolicies:\n  cleanup_grace: 1s')
+BACKEND_YAML=$MEMORY_BENCH_YAML
 if [ "$BACKEND" = redis ]; then
   command -v redis-server >/dev/null || { echo "error: redis-server not found" >&2; exit 2; }
   start_redis

@@ -285,12 +285,9 @@ if [ "$MEMORY" != no ]; then
     say "-- memory backend: skipped (not built into this revision)"
   else
     say "-- memory backend"
-    # A fresh server per algorithm, and a cleanup grace of 1 s instead of the default 60 s:
-    # state of a one-second window is then dropped 2 s after it began, so the subjects the
-    # runs create (up to ~150,000 per second in multi) stay well under memory.max_subjects
-    # (1,000,000; new subjects beyond it fail closed, and the runs would measure denials).
+    # A fresh server per algorithm, with the short cleanup grace of MEMORY_BENCH_YAML (lib.sh).
     for algo in $ALGORITHMS; do
-      start_edgelimit "memory-$algo" "$(printf 'backend: memory\npolicies:\n  cleanup_grace: 1s')"
+      start_edgelimit "memory-$algo" "$MEMORY_BENCH_YAML"
       say "edgelimit (memory backend, $algo) on $EDGE_ADDR"
       for scenario in $SCENARIOS; do
         load "memory $algo $scenario" "bench_$algo" "$scenario"
