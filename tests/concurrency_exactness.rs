@@ -85,10 +85,12 @@ async fn three_servers_one_redis_allow_exactly_the_limit_at_default_settings() {
     let redis = RedisServer::start();
     let servers: Vec<EdgelimitServer> = (0..SERVERS)
         .map(|_| {
-            EdgelimitServer::start(ServerOptions::redis_defaults(
+            let server = EdgelimitServer::start(ServerOptions::redis_defaults(
                 &redis.url(),
                 &[("exact.yaml", POLICY)],
-            ))
+            ));
+            server.wait_ready();
+            server
         })
         .collect();
     let total = (SERVERS * CONCURRENT_PER_SERVER) as u64;

@@ -50,10 +50,12 @@ descriptors:
 static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn server(cluster: &Cluster) -> EdgelimitServer {
-    EdgelimitServer::start(
+    let server = EdgelimitServer::start(
         ServerOptions::memory(&[("cluster.yaml", POLICY)])
             .extra(&cluster.config("  command_timeout: 2s\n  connect_timeout: 500ms\n")),
-    )
+    );
+    server.wait_ready();
+    server
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,9 +311,11 @@ descriptors:
 
 /// A server at default settings (only the cluster nodes configured).
 fn default_server(cluster: &Cluster) -> EdgelimitServer {
-    EdgelimitServer::start(
+    let server = EdgelimitServer::start(
         ServerOptions::memory(&[("cluster.yaml", WIDE_POLICY)]).extra(&cluster.config("")),
-    )
+    );
+    server.wait_ready();
+    server
 }
 
 /// `per_node` subjects whose keys live on each master, found by sending one request per probe

@@ -44,18 +44,8 @@ fn server(group: &SentinelGroup) -> EdgelimitServer {
         ServerOptions::memory(&[("failover.yaml", POLICY)])
             .extra(&group.config("  command_timeout: 500ms\n  connect_timeout: 500ms\n")),
     );
-    wait_ready(&server);
+    server.wait_ready();
     server
-}
-
-/// Envoy's traffic follows readiness (the pod's probe), so the storms that count exact
-/// admissions start once `/readyz` reports the backend up, not merely once the port listens:
-/// a call racing the Sentinel discovery is answered fail-closed, which the exact count would
-/// take for an under-admission.
-fn wait_ready(server: &EdgelimitServer) {
-    wait_for("edgelimit ready (/readyz 200)", RESUME_BOUND, || {
-        server.admin_get("/readyz").0 == 200
-    });
 }
 
 fn req(key: &str) -> RateLimitRequest {
@@ -248,7 +238,7 @@ async fn a_hung_primary_fails_closed_until_the_sentinels_promote_the_replica() {
     let server = EdgelimitServer::start(
         ServerOptions::memory(&[("failover.yaml", POLICY)]).extra(&group.config("")),
     );
-    tokio::task::block_in_place(|| wait_ready(&server));
+    tokio::task::block_in_place(|| server.wait_ready());
     let allowed = storm(
         std::slice::from_ref(&server),
         "failover",

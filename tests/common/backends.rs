@@ -31,7 +31,14 @@ impl Deployment {
     }
 
     /// `extra` is appended to the server's configuration (top-level YAML).
+    /// Returns once the server reports ready (`EdgelimitServer::wait_ready`).
     pub fn start_with(backend: Backend, policies: &[(&str, &str)], extra: &str) -> Self {
+        let deployment = Self::launch(backend, policies, extra);
+        deployment.server.wait_ready();
+        deployment
+    }
+
+    fn launch(backend: Backend, policies: &[(&str, &str)], extra: &str) -> Self {
         match backend {
             Backend::Memory => Deployment {
                 backend,

@@ -15,6 +15,9 @@ use tonic::transport::Channel;
 
 use super::redis_server::free_port;
 
+/// How long a started server may take to report ready (`wait_ready`).
+pub const READY_BOUND: Duration = Duration::from_secs(20);
+
 pub const TEST_SECRET: &str = "test-secret-0123456789abcdef-0123456789";
 
 pub struct EdgelimitServer {
@@ -240,6 +243,22 @@ impl EdgelimitServer {
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect();
         configmap_publish(&self.policy_dir, &owned, generation);
+    }
+
+    /// Waits until `/readyz` answers 200, as Envoy's traffic waits for the pod's readiness
+    /// probe. `start` returns once the ports listen, which can be before the backend is up
+    /// (Redis connections, Sentinel discovery, Cluster slots): a storm started then has its
+    /// first calls answered fail-closed, which an exact count would take for an
+    /// under-admission. Panics with the server's log if it is not ready within `READY_BOUND`.
+    pub fn wait_ready(&self) {
+        let ready = wait_until(READY_BOUND, || {
+            http_get(self.admin_port, "/readyz").is_ok_and(|(status, _)| status == 200)
+        });
+        assert!(
+            ready,
+            "edgelimit not ready (/readyz 200) within {READY_BOUND:?}:\n{}",
+            self.log_text()
+        );
     }
 
     /// `GET path` on the admin listener: (status, body).
