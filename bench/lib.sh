@@ -1,5 +1,25 @@
-# Helpers shared by bench/run.sh and bench/ab.sh (sourced, not run). The caller sets WORK
-# (a scratch directory) and PIDS (an array its exit trap kills).
+# Helpers shared by the bench scripts (sourced, not run). The caller sets WORK (a scratch
+# directory) and PIDS (an array its exit trap kills), or has `bench_scratch` set both.
+
+# require_tools TOOL...: exit 2 naming the first one not on PATH.
+require_tools() {
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "error: $tool not found" >&2; exit 2; }
+  done
+}
+
+# bench_scratch: a fresh WORK and an empty PIDS, both cleaned up when the script exits.
+bench_cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+bench_scratch() {
+  WORK=$(mktemp -d)
+  PIDS=()
+  trap bench_cleanup EXIT
+}
 
 # start_redis: a private redis-server on a free loopback port; sets REDIS_PORT and REDIS_PID.
 REDIS_PORT=

@@ -20,22 +20,14 @@ ROUNDS=${LUA_AB_ROUNDS:-6}
 CALLS=${LUA_AB_CALLS:-100000}
 CLIENTS=${LUA_AB_CLIENTS:-64}
 PIPELINE=${LUA_AB_PIPELINE:-1}
-for tool in redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "error: $tool not found" >&2; exit 2; }
-done
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+require_tools redis-server redis-cli redis-benchmark
 for dir in "$OLD" "$NEW"; do
   [ -f "$dir/$PROGRAM.lua" ] || { echo "error: $dir/$PROGRAM.lua not found" >&2; exit 2; }
 done
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-# shellcheck source=bench/lib.sh
-source bench/lib.sh
+bench_scratch
 start_redis
 
 # The arguments the server sends for one limit: a window of 1,000,000 per hour, or a bucket of

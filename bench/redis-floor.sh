@@ -15,19 +15,11 @@ cd "$(dirname "$0")/.."
 ROUNDS=${FLOOR_ROUNDS:-4}
 CALLS=${FLOOR_CALLS:-200000}
 CLIENTS=${FLOOR_CLIENTS:-64}
-for tool in redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "error: $tool not found" >&2; exit 2; }
-done
-
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
+require_tools redis-server redis-cli redis-benchmark
+
+bench_scratch
 
 DIR=${1:-}
 if [ -z "$DIR" ]; then
