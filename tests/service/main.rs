@@ -8,6 +8,7 @@ mod common;
 
 mod bounds;
 mod deny_cache;
+mod grpc_framing;
 mod harness;
 mod hostile_clients;
 mod memory_backend;

@@ -14,6 +14,7 @@ mod settings;
 pub mod subject;
 pub mod trace;
 mod translate;
+mod unary;
 pub mod wire;
 
 pub use deadline::parse_grpc_timeout;

@@ -4,7 +4,9 @@
 //! Written out rather than generated so that the request is read as [`wire::Request`]
 //! (strings as bytes) and a body that is not a request at all still gets an answer under the
 //! failure mode instead of a gRPC error, which Envoy's default `failure_mode_deny: false`
-//! would turn into an allow.
+//! would turn into an allow. The call's gRPC framing is done by hand ([`crate::unary`]): one
+//! small message each way needs none of tonic's streaming codec; only a request that names a
+//! `grpc-encoding` takes tonic's path, whose negotiation refuses it.
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
@@ -17,6 +19,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::metadata::MetadataMap;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
@@ -27,6 +30,7 @@ use crate::limiter::RateLimiter;
 use crate::metrics::record_malformed_request;
 use crate::settings::FailureMode;
 use crate::trace::RequestTracer;
+use crate::unary;
 use crate::wire;
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -129,16 +133,74 @@ impl<B: RateLimitPort> RateLimitServer<B> {
         if request.uri().path() != SHOULD_RATE_LIMIT {
             return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
         }
-        let method = ShouldRateLimit(Arc::clone(&self.limiter), self.tracer.clone());
         let (decoding, encoding) = (
             self.max_decoding_message_size,
             self.max_encoding_message_size,
         );
+        if request.headers().contains_key(GRPC_ENCODING) {
+            // No compression is offered: tonic negotiates and refuses it.
+            let method = ShouldRateLimit(Arc::clone(&self.limiter), self.tracer.clone());
+            return Box::pin(async move {
+                let mut grpc =
+                    Grpc::new(RequestCodec).apply_max_message_size_config(decoding, encoding);
+                Ok(grpc.unary(method, request).await)
+            });
+        }
+        let limiter = Arc::clone(&self.limiter);
+        let tracer = self.tracer.clone();
         Box::pin(async move {
-            let mut grpc =
-                Grpc::new(RequestCodec).apply_max_message_size_config(decoding, encoding);
-            Ok(grpc.unary(method, request).await)
+            let (parts, body) = request.into_parts();
+            let limit = decoding.unwrap_or(unary::DEFAULT_MAX_DECODING_MESSAGE_SIZE);
+            let decoded = match unary::read_message(body, limit).await {
+                Ok(message) => Decoded::from_message(message),
+                Err(status) => return Ok(status.into_http()),
+            };
+            let metadata = MetadataMap::from_headers(parts.headers);
+            Ok(
+                match answer(limiter, tracer.as_deref(), &metadata, decoded).await {
+                    Ok(response) => unary::response(&response, encoding),
+                    Err(status) => status.into_http(),
+                },
+            )
         })
+    }
+}
+
+const GRPC_ENCODING: &str = "grpc-encoding";
+
+/// The limiter's answer to one decoded call, traced when tracing is configured.
+async fn answer<B: RateLimitPort>(
+    limiter: Arc<RateLimiter<B>>,
+    tracer: Option<&RequestTracer>,
+    metadata: &MetadataMap,
+    request: Decoded,
+) -> Result<RateLimitResponse, Status> {
+    // The one branch tracing costs when it is off.
+    let span = tracer.map(|tracer| match &request {
+        Decoded::Request(r) => tracer.start(metadata, Some(&r.domain), r.descriptors.len()),
+        Decoded::Malformed(_) => tracer.start(metadata, None, 0),
+    });
+    let started = Instant::now();
+    let timeout = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .unwrap_or(limiter.settings().default_timeout);
+    let call = async move {
+        let result = match &request {
+            Decoded::Request(r) => limiter.decide_wire(r, started + timeout).await,
+            Decoded::Malformed(error) => {
+                record_malformed_request();
+                tracing::debug!(%error, "request body is not a RateLimitRequest");
+                malformed_answer(limiter.settings().failure_mode)
+            }
+        };
+        limiter.record_request_seconds(started.elapsed().as_secs_f64());
+        result
+    };
+    match span {
+        None => call.await,
+        Some(cx) => RequestTracer::run(cx, call).await,
     }
 }
 
@@ -150,36 +212,13 @@ impl<B: RateLimitPort> UnaryService<Decoded> for ShouldRateLimit<B> {
 
     fn call(&mut self, request: Request<Decoded>) -> Self::Future {
         let limiter = Arc::clone(&self.0);
-        // The one branch tracing costs when it is off.
-        let span = self.1.as_ref().map(|tracer| match request.get_ref() {
-            Decoded::Request(r) => {
-                tracer.start(request.metadata(), Some(&r.domain), r.descriptors.len())
-            }
-            Decoded::Malformed(_) => tracer.start(request.metadata(), None, 0),
-        });
-        let call = async move {
-            let started = Instant::now();
-            let timeout = request
-                .metadata()
-                .get("grpc-timeout")
-                .and_then(|v| v.to_str().ok())
-                .and_then(parse_grpc_timeout)
-                .unwrap_or(limiter.settings().default_timeout);
-            let result = match request.get_ref() {
-                Decoded::Request(r) => limiter.decide_wire(r, started + timeout).await,
-                Decoded::Malformed(error) => {
-                    record_malformed_request();
-                    tracing::debug!(%error, "request body is not a RateLimitRequest");
-                    malformed_answer(limiter.settings().failure_mode)
-                }
-            };
-            limiter.record_request_seconds(started.elapsed().as_secs_f64());
-            result.map(Response::new)
-        };
-        match span {
-            None => Box::pin(call),
-            Some(cx) => Box::pin(RequestTracer::run(cx, call)),
-        }
+        let tracer = self.1.clone();
+        let (metadata, _, decoded) = request.into_parts();
+        Box::pin(async move {
+            answer(limiter, tracer.as_deref(), &metadata, decoded)
+                .await
+                .map(Response::new)
+        })
     }
 }
 
@@ -202,6 +241,15 @@ fn malformed_answer(mode: FailureMode) -> Result<RateLimitResponse, Status> {
 enum Decoded {
     Request(wire::Request),
     Malformed(prost::DecodeError),
+}
+
+impl Decoded {
+    fn from_message(message: prost::bytes::Bytes) -> Self {
+        match wire::Request::decode(message) {
+            Ok(request) => Decoded::Request(request),
+            Err(error) => Decoded::Malformed(error),
+        }
+    }
 }
 
 #[derive(Default)]

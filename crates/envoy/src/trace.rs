@@ -67,18 +67,15 @@ impl RequestTracer {
     }
 
     /// Runs `call` inside the server span `cx` and ends it with the answer's code.
-    pub(crate) async fn run<F>(
-        cx: Context,
-        call: F,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status>
+    pub(crate) async fn run<F>(cx: Context, call: F) -> Result<RateLimitResponse, tonic::Status>
     where
-        F: Future<Output = Result<tonic::Response<RateLimitResponse>, tonic::Status>>,
+        F: Future<Output = Result<RateLimitResponse, tonic::Status>>,
     {
         let result = call.with_context(cx.clone()).await;
         let span = cx.span();
         match &result {
             Ok(response) => {
-                let code = Code::try_from(response.get_ref().overall_code)
+                let code = Code::try_from(response.overall_code)
                     .map(|c| c.as_str_name())
                     .unwrap_or("UNKNOWN");
                 span.set_attribute(KeyValue::new("edgelimit.overall_code", code));
