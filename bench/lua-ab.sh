@@ -10,7 +10,8 @@
 #
 # OLD_DIR and NEW_DIR hold composed programs (`cargo run --example lua_programs -- DIR` at each
 # revision); PROGRAM is rate-fixed-window-v1 unless given (any single-key program). Knobs:
-# LUA_AB_ROUNDS (6), LUA_AB_CALLS per round (100000), LUA_AB_CLIENTS (64), LUA_AB_PIPELINE (1).
+# LUA_AB_ROUNDS (6), LUA_AB_CALLS per round (100000), LUA_AB_CLIENTS (64), LUA_AB_PIPELINE (1),
+# LUA_AB_KEYS (1000000: mostly new subjects; a few thousand measures subjects seen before).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:?usage: bench/lua-ab.sh OLD_DIR NEW_DIR [PROGRAM]}
@@ -20,6 +21,7 @@ ROUNDS=${LUA_AB_ROUNDS:-6}
 CALLS=${LUA_AB_CALLS:-100000}
 CLIENTS=${LUA_AB_CLIENTS:-64}
 PIPELINE=${LUA_AB_PIPELINE:-1}
+KEYSPACE=${LUA_AB_KEYS:-1000000}
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 require_tools redis-server redis-cli redis-benchmark
@@ -44,7 +46,7 @@ round() {
   sha=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$dir/$PROGRAM.lua")")
   redis-cli -p "$REDIS_PORT" CONFIG RESETSTAT >/dev/null
   local rps
-  rps=$(redis-benchmark -p "$REDIS_PORT" -c "$CLIENTS" -P "$PIPELINE" -n "$CALLS" -r 1000000 \
+  rps=$(redis-benchmark -p "$REDIS_PORT" -c "$CLIENTS" -P "$PIPELINE" -n "$CALLS" -r "$KEYSPACE" \
     --csv EVALSHA "$sha" 1 'bench:{__rand_int__}' $COMMON $PARAMS 2>/dev/null |
     tail -1 | cut -d, -f2 | tr -d '"')
   stats=$(redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' | grep '^cmdstat_evalsha:')

@@ -56,7 +56,7 @@ local function decide_one(kbase, nkeys, i, mode, late)
   local reply, new_state, ttl = evaluate(algo, p, c, kind, st)
   if reply[1] == 'ALLOWED' and new_state then
     if mode == 'commit' then
-      store(key, algo, c, new_state, ttl, kind)
+      store(key, algo, c, new_state, ttl, kind, st)
     else
       -- Nothing is stored: report what the key holds now.
       local peek = { policy = c.policy, revision = c.revision, cost = 0,
@@ -103,7 +103,7 @@ local function decide_request(kbase, nkeys, i, n, mode, late)
 
   if admitted and mode == 'commit' then
     for ki, w in pairs(pending) do
-      store(KEYS[kbase + ki], w[1], w[2], w[3], w[4], held[ki][1])
+      store(KEYS[kbase + ki], w[1], w[2], w[3], w[4], held[ki][1], held[ki][2])
     end
     return replies, i
   end

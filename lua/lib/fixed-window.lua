@@ -6,7 +6,7 @@
 -- by assignment is rehashed each time it fills, and the program builds this one per call.
 local FIXED_WINDOW = { name = 'fixed_window', param_count = 2,
   params = false, limit = false, fields = false, decode = false, encode = false,
-  eval = false }
+  eval = false, same_period = false }
 
 -- A table for the stored hash (prologue `load`), presized with every field it should hold.
 function FIXED_WINDOW.fields()
@@ -29,6 +29,11 @@ function FIXED_WINDOW.decode(h, _)
   local st = { o = int_arg(h.o, 0, MAX), w = int_arg(h.w, 0, MAX), c = int_arg(h.c, 0, MAX) }
   if not st.o or not st.w or not st.c then return nil end
   return st
+end
+
+-- Whether two states count the same window (`store` then leaves the key's expiry).
+function FIXED_WINDOW.same_period(a, b)
+  return a.w == b.w
 end
 
 function FIXED_WINDOW.encode(st)

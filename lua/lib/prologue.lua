@@ -143,13 +143,22 @@ local function evaluate(algo, p, c, kind, st)
   return algo.eval(p, c, st, now)
 end
 
--- `kind` is what `load` found: over a present state of this policy the header already holds
--- these values, and only the algorithm's fields are written (half of HSET's arguments). The
--- algorithm's `encode` returns the field-value pairs as values, not a table: the last argument
--- of a call expands to all of them, with no table to build and unpack.
-local function store(key, algo, c, st, ttl, kind)
+-- `kind` and `held` are what `load` found: over a present state of this policy the header
+-- already holds these values, and only the algorithm's fields are written (half of HSET's
+-- arguments). The algorithm's `encode` returns the field-value pairs as values, not a table:
+-- the last argument of a call expands to all of them, with no table to build and unpack.
+--
+-- A window's expiry is a function of the window alone (its end plus the grace), so a write in
+-- the held state's window leaves the expiry its first write set: one PEXPIRE per subject and
+-- window, not per decision. That first write, if clamped, set it up to the clamp earlier; with
+-- a grace below the regression bound the key could then end before its window, so the expiry
+-- is refreshed on every write. The Rust mirror is `algorithm::Write::keeps_expiry`.
+local function store(key, algo, c, st, ttl, kind, held)
   if kind == 'present' then
     redis.call('HSET', key, algo.encode(st))
+    if algo.same_period and c.grace >= c.max_regression and algo.same_period(held, st) then
+      return
+    end
   else
     redis.call('HSET', key, 'v', SCHEMA, 'a', algo.name, 'p', c.policy, 'r', c.revision,
       algo.encode(st))

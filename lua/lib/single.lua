@@ -23,5 +23,5 @@ end
 local kind, st = load(KEYS[1], ALGORITHM, c, p)
 local reply, new_state, ttl = evaluate(ALGORITHM, p, c, kind, st)
 -- A consuming evaluation stores its state even when denied (rolled forward, nothing added).
-if new_state then store(KEYS[1], ALGORITHM, c, new_state, ttl, kind) end
+if new_state then store(KEYS[1], ALGORITHM, c, new_state, ttl, kind, st) end
 return reply

@@ -11,7 +11,7 @@ local MAX_SCALED = 9007199254
 -- by assignment is rehashed each time it fills, and the program builds this one per call.
 local SLIDING_COUNTER = { name = 'sliding_window', param_count = 2,
   params = false, limit = false, fields = false, decode = false, encode = false,
-  eval = false }
+  eval = false, same_period = false }
 
 -- A table for the stored hash (prologue `load`), presized with every field it should hold.
 function SLIDING_COUNTER.fields()
@@ -27,6 +27,11 @@ end
 
 function SLIDING_COUNTER.limit(p)
   return p.limit
+end
+
+-- Whether two states have the same current window (`store` then leaves the key's expiry).
+function SLIDING_COUNTER.same_period(a, b)
+  return a.cw == b.cw
 end
 
 function SLIDING_COUNTER.decode(h, _)

@@ -631,3 +631,64 @@ fn invalid_arguments_are_refused_identically() {
         assert_eq!(r.status, Status::Invalid, "missing parameters");
     }
 }
+
+/// `PEXPIRE` calls Redis has counted (commands a script makes are counted too).
+fn pexpire_calls(p: &mut Programs) -> u64 {
+    let info: String = p.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_pexpire:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[test]
+fn a_window_sets_its_expiry_once_and_a_bucket_at_every_write() {
+    let (_redis, mut p) = start();
+    // Windows of an hour (the decisions below share one unless the test straddles an edge,
+    // which the expected counts allow for), the default grace and regression bound.
+    let defaults = (
+        RateLimitPolicy::DEFAULT_MAX_CLOCK_REGRESSION_MS,
+        RateLimitPolicy::DEFAULT_CLEANUP_GRACE_MS,
+    );
+    for (params, once) in [
+        (fixed(1_000, HOUR), true),
+        (sliding(1_000, HOUR), true),
+        (bucket(1_000, 1, 1_000), false),
+    ] {
+        let policy = policy(params, defaults.0, defaults.1);
+        let key = "rl:expiry";
+        p.cmd::<()>(&["DEL", key]);
+        p.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+        let first_window = p.server_time_ms() / HOUR;
+        for _ in 0..10 {
+            // Each step asserts the stored state and the expiry against the Rust mirror.
+            let (reply, _) = p.step(&policy, key, 1);
+            assert_eq!(reply.status, Status::Allowed, "{params:?}");
+        }
+        let windows = p.server_time_ms() / HOUR - first_window + 1;
+        let calls = pexpire_calls(&mut p);
+        if once {
+            assert!(
+                calls <= windows,
+                "{params:?}: {calls} PEXPIRE in {windows} window(s)"
+            );
+            assert!(calls >= 1, "{params:?}: a new key gets an expiry");
+        } else {
+            assert_eq!(calls, 10, "{params:?}: every write");
+        }
+        assert!(p.pttl(key) > 0, "{params:?}: the key expires");
+    }
+    // A grace below the regression bound: a clamped first write could have set the expiry
+    // early by more than the grace, so every write refreshes it.
+    let short = policy(fixed(1_000, HOUR), 2_000, 1_000);
+    p.cmd::<()>(&["DEL", "rl:short"]);
+    p.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..10 {
+        p.step(&short, "rl:short", 1);
+    }
+    assert_eq!(
+        pexpire_calls(&mut p),
+        10,
+        "grace 1s below a 2s regression bound"
+    );
+}

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use edgelimit::algorithm::composite::{self, Decided, Held, Mode};
-use edgelimit::algorithm::{self, Evaluation, ProgramReply, State, Status, Stored};
+use edgelimit::algorithm::{self, Evaluation, ProgramReply, State, Status, Stored, Write};
 use edgelimit::contract::RateLimitPolicy;
 use redis::{Connection, Script, Value};
 
@@ -293,14 +293,7 @@ impl Programs {
                     }
                     expected.sort();
                     assert_eq!(self.hash(key), expected, "stored state of {key}");
-                    let pttl = self.pttl(key);
-                    assert!(
-                        pttl > 0
-                            && pttl as u64 <= w.ttl_ms
-                            && pttl as u64 + TTL_SLACK_MS >= w.ttl_ms,
-                        "PTTL {pttl} vs Rust TTL {} of {key}",
-                        w.ttl_ms
-                    );
+                    self.assert_expiry(key, &w, *expiry_before);
                 }
                 None => {
                     assert_eq!(&self.dump(key), dump_before, "{key} untouched");
@@ -336,6 +329,22 @@ impl Programs {
     /// Absolute expiry in Unix ms (-1 none, -2 no key).
     pub fn expire_time(&mut self, key: &str) -> i64 {
         self.cmd(&["PEXPIRETIME", key])
+    }
+
+    /// After a write: the expiry the window's first write set, when the Rust mirror keeps it;
+    /// otherwise the Rust TTL from now (less what a PTTL read lags).
+    fn assert_expiry(&mut self, key: &str, w: &Write, expiry_before: i64) {
+        if w.keeps_expiry {
+            assert_eq!(self.expire_time(key), expiry_before, "{key}: expiry kept");
+            return;
+        }
+        let pttl = self.pttl(key);
+        assert!(w.ttl_ms >= 1);
+        assert!(
+            pttl > 0 && pttl as u64 <= w.ttl_ms && pttl as u64 + TTL_SLACK_MS >= w.ttl_ms,
+            "PTTL {pttl} vs Rust TTL {} of {key}",
+            w.ttl_ms
+        );
     }
 
     pub fn pttl(&mut self, key: &str) -> i64 {
@@ -417,13 +426,7 @@ impl Programs {
                     expected,
                     "stored state after cost {cost}, before {before:?}"
                 );
-                let pttl = self.pttl(key);
-                assert!(w.ttl_ms >= 1);
-                assert!(
-                    pttl > 0 && pttl as u64 <= w.ttl_ms && pttl as u64 + TTL_SLACK_MS >= w.ttl_ms,
-                    "PTTL {pttl} vs Rust TTL {}",
-                    w.ttl_ms
-                );
+                self.assert_expiry(key, &w, expiry_before);
             }
             None => {
                 assert_eq!(

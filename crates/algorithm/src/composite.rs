@@ -93,7 +93,12 @@ pub fn decide(checks: &[Check<'_>], held: &[Held], server_now_ms: u64, mode: Mod
         let e = evaluate(check.policy, state.stored(), server_now_ms, check.cost);
         let allowed = e.reply.status == Status::Allowed;
         admitted &= allowed || check.shadow;
-        if let (true, Some(write)) = (allowed, e.write) {
+        if let (true, Some(mut write)) = (allowed, e.write) {
+            // The expiry stays only if every write since the held state kept it: the first
+            // write over an absent key, or into a new window, sets it.
+            if let Some(earlier) = writes[check.key] {
+                write.keeps_expiry &= earlier.keeps_expiry;
+            }
             working[check.key] = Held::Present(write.state);
             writes[check.key] = Some(write);
         }
@@ -163,6 +168,24 @@ mod tests {
         assert_eq!(d.replies[1].remaining, 9);
         assert_eq!(consumed(&d.writes[0]), Some(1));
         assert_eq!(consumed(&d.writes[1]), Some(1));
+    }
+
+    #[test]
+    fn a_key_keeps_its_expiry_only_if_every_write_to_it_does() {
+        // Grace 0 covers a regression bound of 0 (the test policies).
+        let second = fixed("s", 5, 1000);
+        let twice = [check(&second, 0, 1, false), check(&second, 0, 1, false)];
+        let d = decide(&twice, &[Held::Absent], NOW, Mode::Commit);
+        assert_eq!(consumed(&d.writes[0]), Some(2));
+        assert_eq!(
+            d.writes[0].map(|w| w.keeps_expiry),
+            Some(false),
+            "the first write over an absent key sets it, whatever a later check says"
+        );
+        let held = [Held::Present(d.writes[0].unwrap().state)];
+        let d = decide(&twice, &held, NOW + 1, Mode::Commit);
+        assert_eq!(consumed(&d.writes[0]), Some(4));
+        assert_eq!(d.writes[0].map(|w| w.keeps_expiry), Some(true));
     }
 
     #[test]

@@ -99,6 +99,7 @@ pub fn evaluate(
                 consumed,
             }),
             ttl_ms: reset_at - now + args.cleanup_grace_ms,
+            keeps_expiry: window_id == Some(current) && args.grace_covers_clamp(),
         }),
     }
 }
@@ -128,6 +129,36 @@ mod tests {
         window_ms: 1000,
         limit: 3,
     };
+
+    #[test]
+    fn expiry_is_set_once_per_window_when_the_grace_covers_a_clamp() {
+        let covered = CommonArgs {
+            cost: 1,
+            max_clock_regression_ms: 100,
+            cleanup_grace_ms: 100,
+        };
+        let keeps = |e: &Evaluation| e.write.map(|w| w.keeps_expiry);
+        let first = evaluate(&P, &covered, Stored::Absent, T0 + 10);
+        assert_eq!(keeps(&first), Some(false), "a new key sets its expiry");
+        let again = evaluate(&P, &covered, Stored::Present(&state(&first)), T0 + 20);
+        assert_eq!(keeps(&again), Some(true), "the same window keeps it");
+        let over = CommonArgs { cost: 9, ..covered };
+        let denied = evaluate(&P, &over, Stored::Present(&state(&again)), T0 + 30);
+        assert_eq!(denied.reply.status, Status::Denied);
+        assert_eq!(
+            keeps(&denied),
+            Some(true),
+            "a denial in the window keeps it"
+        );
+        let next = evaluate(&P, &covered, Stored::Present(&state(&again)), T0 + 1000);
+        assert_eq!(keeps(&next), Some(false), "a new window sets it");
+        let short = evaluate(&P, &args(1), Stored::Present(&state(&first)), T0 + 20);
+        assert_eq!(
+            keeps(&short),
+            Some(false),
+            "a grace below the regression bound refreshes it on every write"
+        );
+    }
 
     #[test]
     fn counts_within_a_window_and_denies_without_consuming() {

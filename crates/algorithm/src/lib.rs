@@ -115,6 +115,12 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
+    /// Whether the cleanup grace covers the largest clamp of a backward clock step (see
+    /// [`Write::keeps_expiry`]).
+    pub(crate) fn grace_covers_clamp(&self) -> bool {
+        self.cleanup_grace_ms >= self.max_clock_regression_ms
+    }
+
     pub fn for_policy(policy: &RateLimitPolicy, cost: u64) -> Self {
         Self {
             cost,
@@ -169,6 +175,12 @@ pub struct Write {
     /// Time to live from the evaluation, in ms, always >= 1: after it the state is equivalent
     /// to an absent key (plus the cleanup grace).
     pub ttl_ms: u64,
+    /// The key's expiry may stay as the window's first write set it (no PEXPIRE): the held
+    /// state is in the written state's window, and a window's expiry is a function of the
+    /// window alone (its end, plus the grace). A clamped first write set it up to the clamp
+    /// earlier, so this holds only with a grace of at least the largest clamp: the key then
+    /// outlives its window. Token buckets (expiry moves with the level) always refresh it.
+    pub keeps_expiry: bool,
 }
 
 /// The result of one evaluation: the reply, and the state to store (`None`: store nothing,

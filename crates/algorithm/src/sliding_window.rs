@@ -143,6 +143,8 @@ pub fn evaluate(
             }),
             // After the next window ends both counts have rolled out: equal to absent.
             ttl_ms: w.end + window - now + args.cleanup_grace_ms,
+            keeps_expiry: stored_windows.is_some_and(|s| s.current_window_id == current)
+                && args.grace_covers_clamp(),
         }),
     }
 }
@@ -248,6 +250,32 @@ mod tests {
         window_ms: 1000,
         limit: 10,
     };
+
+    #[test]
+    fn expiry_is_set_once_per_current_window_when_the_grace_covers_a_clamp() {
+        let covered = CommonArgs {
+            cost: 1,
+            max_clock_regression_ms: 100,
+            cleanup_grace_ms: 100,
+        };
+        let keeps = |e: &Evaluation| e.write.map(|w| w.keeps_expiry);
+        let first = evaluate(&P, &covered, Stored::Absent, T0 + 10);
+        assert_eq!(keeps(&first), Some(false), "a new key sets its expiry");
+        let again = evaluate(&P, &covered, Stored::Present(&state(&first)), T0 + 999);
+        assert_eq!(
+            keeps(&again),
+            Some(true),
+            "the same current window keeps it"
+        );
+        let rolled = evaluate(&P, &covered, Stored::Present(&state(&again)), T0 + 1000);
+        assert_eq!(keeps(&rolled), Some(false), "rolling forward sets it");
+        let short = evaluate(&P, &args(1), Stored::Present(&state(&first)), T0 + 20);
+        assert_eq!(
+            keeps(&short),
+            Some(false),
+            "a grace below the regression bound"
+        );
+    }
 
     fn with(prev: u64, cur: u64, at: u64) -> State {
         State {

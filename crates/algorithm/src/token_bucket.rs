@@ -159,6 +159,7 @@ pub fn evaluate(
                 remainder: rem,
             }),
             ttl_ms: ttl.max(1),
+            keeps_expiry: false,
         }),
     }
 }
@@ -217,6 +218,22 @@ mod tests {
         refill_tokens: 3,
         capacity: 5,
     };
+
+    #[test]
+    fn every_write_refreshes_the_expiry() {
+        let covered = CommonArgs {
+            cost: 1,
+            max_clock_regression_ms: 0,
+            cleanup_grace_ms: 5,
+        };
+        let first = evaluate(&P, &covered, Stored::Absent, T0);
+        let again = evaluate(&P, &covered, Stored::Present(&state(&first)), T0 + 1);
+        assert_eq!(
+            again.write.map(|w| w.keeps_expiry),
+            Some(false),
+            "the expiry moves with the level"
+        );
+    }
 
     #[test]
     fn absent_is_full_and_denial_consumes_nothing() {

@@ -147,9 +147,12 @@ impl MemoryBackend {
                 let e = algorithm::evaluate(policy, entry.live(now).into(), now, cost);
                 if let Some(w) = e.write {
                     entry.state = w.state;
-                    entry.expires_at_ms = now.saturating_add(w.ttl_ms);
-                    let expires = entry.expires_at_ms;
-                    locked.note_expiry(expires);
+                    // As the Redis programs: a write in the held window leaves the expiry.
+                    if !w.keeps_expiry {
+                        entry.expires_at_ms = now.saturating_add(w.ttl_ms);
+                        let expires = entry.expires_at_ms;
+                        locked.note_expiry(expires);
+                    }
                 }
                 return self.outcome(policy, e.reply);
             }
@@ -264,7 +267,7 @@ impl MemoryBackend {
                     let Some(w) = write else { continue };
                     let l = &mut locked[shard_slot(key)];
                     let expires_at_ms = now.saturating_add(w.ttl_ms);
-                    l.put(key.clone(), w.state, expires_at_ms);
+                    l.put(key.clone(), w.state, expires_at_ms, w.keeps_expiry);
                 }
                 return CompositeOutcome::new(
                     checks

@@ -189,15 +189,18 @@ impl Locked<'_> {
     }
 
     /// Stores `state` under `key`, whose place in the cap was already taken when it is new
-    /// ([`Store::reserve_many`]).
-    pub fn put(&mut self, key: Key, state: State, expires_at_ms: u64) {
-        self.note_expiry(expires_at_ms);
+    /// ([`Store::reserve_many`]). With `keeps_expiry` a present entry keeps its expiry, as the
+    /// Redis programs leave a key's (`algorithm::Write::keeps_expiry`).
+    pub fn put(&mut self, key: Key, state: State, expires_at_ms: u64, keeps_expiry: bool) {
         match self.shard.map.get_mut(&key) {
+            Some(entry) if keeps_expiry => entry.state = state,
             Some(entry) => {
                 entry.state = state;
                 entry.expires_at_ms = expires_at_ms;
+                self.note_expiry(expires_at_ms);
             }
             None => {
+                self.note_expiry(expires_at_ms);
                 self.shard.map.insert(
                     key,
                     Entry {
