@@ -107,6 +107,7 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{grace_covering_clamp, keeps_expiry};
 
     const T0: u64 = 1_700_000_000_000; // a multiple of 1000
 
@@ -132,29 +133,28 @@ mod tests {
 
     #[test]
     fn expiry_is_set_once_per_window_when_the_grace_covers_a_clamp() {
-        let covered = CommonArgs {
-            cost: 1,
-            max_clock_regression_ms: 100,
-            cleanup_grace_ms: 100,
-        };
-        let keeps = |e: &Evaluation| e.write.map(|w| w.keeps_expiry);
+        let covered = grace_covering_clamp(1);
         let first = evaluate(&P, &covered, Stored::Absent, T0 + 10);
-        assert_eq!(keeps(&first), Some(false), "a new key sets its expiry");
+        assert_eq!(
+            keeps_expiry(&first),
+            Some(false),
+            "a new key sets its expiry"
+        );
         let again = evaluate(&P, &covered, Stored::Present(&state(&first)), T0 + 20);
-        assert_eq!(keeps(&again), Some(true), "the same window keeps it");
+        assert_eq!(keeps_expiry(&again), Some(true), "the same window keeps it");
         let over = CommonArgs { cost: 9, ..covered };
         let denied = evaluate(&P, &over, Stored::Present(&state(&again)), T0 + 30);
         assert_eq!(denied.reply.status, Status::Denied);
         assert_eq!(
-            keeps(&denied),
+            keeps_expiry(&denied),
             Some(true),
             "a denial in the window keeps it"
         );
         let next = evaluate(&P, &covered, Stored::Present(&state(&again)), T0 + 1000);
-        assert_eq!(keeps(&next), Some(false), "a new window sets it");
+        assert_eq!(keeps_expiry(&next), Some(false), "a new window sets it");
         let short = evaluate(&P, &args(1), Stored::Present(&state(&first)), T0 + 20);
         assert_eq!(
-            keeps(&short),
+            keeps_expiry(&short),
             Some(false),
             "a grace below the regression bound refreshes it on every write"
         );

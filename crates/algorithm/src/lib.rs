@@ -304,6 +304,27 @@ impl State {
     }
 }
 
+/// Helpers the algorithms' unit tests share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::{CommonArgs, Evaluation};
+
+    /// Arguments whose grace (100 ms) covers the largest clamp (100 ms): a write in the held
+    /// window may keep the key's expiry.
+    pub fn grace_covering_clamp(cost: u64) -> CommonArgs {
+        CommonArgs {
+            cost,
+            max_clock_regression_ms: 100,
+            cleanup_grace_ms: 100,
+        }
+    }
+
+    /// Whether the evaluation's write keeps the expiry (`None`: nothing written).
+    pub fn keeps_expiry(e: &Evaluation) -> Option<bool> {
+        e.write.map(|w| w.keeps_expiry)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -227,6 +227,7 @@ impl Window {
 mod tests {
     use super::super::State as AnyState;
     use super::*;
+    use crate::test_support::{grace_covering_clamp, keeps_expiry};
 
     const W0: u64 = 1_700_000_000; // window id at T0 for a 1000 ms window
     const T0: u64 = W0 * 1000;
@@ -253,25 +254,28 @@ mod tests {
 
     #[test]
     fn expiry_is_set_once_per_current_window_when_the_grace_covers_a_clamp() {
-        let covered = CommonArgs {
-            cost: 1,
-            max_clock_regression_ms: 100,
-            cleanup_grace_ms: 100,
-        };
-        let keeps = |e: &Evaluation| e.write.map(|w| w.keeps_expiry);
+        let covered = grace_covering_clamp(1);
         let first = evaluate(&P, &covered, Stored::Absent, T0 + 10);
-        assert_eq!(keeps(&first), Some(false), "a new key sets its expiry");
+        assert_eq!(
+            keeps_expiry(&first),
+            Some(false),
+            "a new key sets its expiry"
+        );
         let again = evaluate(&P, &covered, Stored::Present(&state(&first)), T0 + 999);
         assert_eq!(
-            keeps(&again),
+            keeps_expiry(&again),
             Some(true),
             "the same current window keeps it"
         );
         let rolled = evaluate(&P, &covered, Stored::Present(&state(&again)), T0 + 1000);
-        assert_eq!(keeps(&rolled), Some(false), "rolling forward sets it");
+        assert_eq!(
+            keeps_expiry(&rolled),
+            Some(false),
+            "rolling forward sets it"
+        );
         let short = evaluate(&P, &args(1), Stored::Present(&state(&first)), T0 + 20);
         assert_eq!(
-            keeps(&short),
+            keeps_expiry(&short),
             Some(false),
             "a grace below the regression bound"
         );

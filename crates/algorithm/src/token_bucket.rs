@@ -194,6 +194,7 @@ impl Bucket {
 mod tests {
     use super::super::State as AnyState;
     use super::*;
+    use crate::test_support::{grace_covering_clamp, keeps_expiry};
 
     const T0: u64 = 1_700_000_000_000;
 
@@ -221,15 +222,11 @@ mod tests {
 
     #[test]
     fn every_write_refreshes_the_expiry() {
-        let covered = CommonArgs {
-            cost: 1,
-            max_clock_regression_ms: 0,
-            cleanup_grace_ms: 5,
-        };
+        let covered = grace_covering_clamp(1);
         let first = evaluate(&P, &covered, Stored::Absent, T0);
         let again = evaluate(&P, &covered, Stored::Present(&state(&first)), T0 + 1);
         assert_eq!(
-            again.write.map(|w| w.keeps_expiry),
+            keeps_expiry(&again),
             Some(false),
             "the expiry moves with the level"
         );
