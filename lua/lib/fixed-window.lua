@@ -6,7 +6,7 @@
 -- by assignment is rehashed each time it fills, and the program builds this one per call.
 local FIXED_WINDOW = { name = 'fixed_window', param_count = 2,
   params = false, limit = false, fields = false, decode = false, encode = false,
-  eval = false, same_period = false }
+  encode_in_period = false, eval = false, same_period = false }
 
 -- A table for the stored hash (prologue `load`), presized with every field it should hold.
 function FIXED_WINDOW.fields()
@@ -38,6 +38,11 @@ end
 
 function FIXED_WINDOW.encode(st)
   return 'o', fmt(st.o), 'w', fmt(st.w), 'c', fmt(st.c)
+end
+
+-- The fields a write in the held state's window changes (`same_period`): the window id stays.
+function FIXED_WINDOW.encode_in_period(st)
+  return 'o', fmt(st.o), 'c', fmt(st.c)
 end
 
 function FIXED_WINDOW.eval(p, c, st, now)

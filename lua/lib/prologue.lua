@@ -145,8 +145,9 @@ end
 
 -- `kind` and `held` are what `load` found: over a present state of this policy the header
 -- already holds these values, and only the algorithm's fields are written (half of HSET's
--- arguments). The algorithm's `encode` returns the field-value pairs as values, not a table:
--- the last argument of a call expands to all of them, with no table to build and unpack.
+-- arguments); in the held state's window only those the write changes (`encode_in_period`).
+-- The algorithm's `encode` returns the field-value pairs as values, not a table: the last
+-- argument of a call expands to all of them, with no table to build and unpack.
 --
 -- A window's expiry is a function of the window alone (its end plus the grace), so a write in
 -- the held state's window leaves the expiry its first write set: one PEXPIRE per subject and
@@ -154,14 +155,14 @@ end
 -- a grace below the regression bound the key could then end before its window, so the expiry
 -- is refreshed on every write. The Rust mirror is `algorithm::Write::keeps_expiry`.
 local function store(key, algo, c, st, ttl, kind, held)
-  if kind == 'present' then
-    redis.call('HSET', key, algo.encode(st))
-    if algo.same_period and c.grace >= c.max_regression and algo.same_period(held, st) then
-      return
-    end
-  else
+  if kind ~= 'present' then
     redis.call('HSET', key, 'v', SCHEMA, 'a', algo.name, 'p', c.policy, 'r', c.revision,
       algo.encode(st))
+  elseif algo.same_period and algo.same_period(held, st) then
+    redis.call('HSET', key, algo.encode_in_period(st))
+    if c.grace >= c.max_regression then return end
+  else
+    redis.call('HSET', key, algo.encode(st))
   end
   redis.call('PEXPIRE', key, fmt(ttl))
 end

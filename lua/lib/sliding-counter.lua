@@ -11,7 +11,7 @@ local MAX_SCALED = 9007199254
 -- by assignment is rehashed each time it fills, and the program builds this one per call.
 local SLIDING_COUNTER = { name = 'sliding_window', param_count = 2,
   params = false, limit = false, fields = false, decode = false, encode = false,
-  eval = false, same_period = false }
+  encode_in_period = false, eval = false, same_period = false }
 
 -- A table for the stored hash (prologue `load`), presized with every field it should hold.
 function SLIDING_COUNTER.fields()
@@ -48,6 +48,12 @@ end
 
 function SLIDING_COUNTER.encode(st)
   return 'o', fmt(st.o), 'pw', fmt(st.pw), 'pc', fmt(st.pc), 'cw', fmt(st.cw), 'cc', fmt(st.cc)
+end
+
+-- The fields a write in the held state's current window changes (`same_period`): nothing
+-- rolled forward, so both window ids and the previous count stay.
+function SLIDING_COUNTER.encode_in_period(st)
+  return 'o', fmt(st.o), 'cc', fmt(st.cc)
 end
 
 -- Earliest offset into a window at which ceil(count * weight / SCALE) <= allowance, or nil

@@ -9,7 +9,7 @@
 -- by assignment is rehashed each time it fills, and the program builds this one per call.
 local TOKEN_BUCKET = { name = 'token_bucket', param_count = 3,
   params = false, limit = false, fields = false, decode = false, encode = false,
-  eval = false, same_period = false }
+  encode_in_period = false, eval = false, same_period = false }
 
 -- A table for the stored hash (prologue `load`), presized with every field it should hold.
 function TOKEN_BUCKET.fields()
