@@ -23,7 +23,7 @@ use edgelimit_contract::{
     BackendReadiness, CompositeOutcome, CompositeRequest, DecisionSource, IncompatibleCause,
     RateLimitOutcome, RateLimitPolicy, RateLimitPort, RateLimitRequest, UnavailableCause,
 };
-use store::{Entry, Key, Store};
+use store::{Entry, KeyRef, Lookup, Store};
 
 /// Settings of the embedded backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,12 +130,12 @@ impl MemoryBackend {
             };
         }
         let cost = request.cost().units();
-        let index = Store::shard_of(request.subject());
-        let key = Key {
-            policy: policy.id().clone(),
+        let at = self.store.lookup(KeyRef {
+            policy: policy.id(),
             revision: policy.revision(),
-            subject: *request.subject(),
-        };
+            subject: request.subject(),
+        });
+        let index = at.shard();
         // The second attempt follows a sweep of the other shards when the cap was reached.
         for attempt in 0..2 {
             let mut locked = self.store.lock(index);
@@ -143,7 +143,7 @@ impl MemoryBackend {
             // so a request that waited for the lock never looks like clock regression.
             let now = self.clock.now_ms();
             locked.maybe_sweep(now);
-            if let Some(entry) = locked.shard.map.get_mut(&key) {
+            if let Some(entry) = locked.get_mut(&at) {
                 let e = algorithm::evaluate(policy, entry.live(now).into(), now, cost);
                 if let Some(w) = e.write {
                     entry.state = w.state;
@@ -164,7 +164,7 @@ impl MemoryBackend {
                 state: w.state,
                 expires_at_ms: now.saturating_add(w.ttl_ms),
             };
-            if locked.insert_new(key.clone(), entry, now) {
+            if locked.insert_new(&at, entry, now) {
                 return self.outcome(policy, e.reply);
             }
             drop(locked);
@@ -198,21 +198,21 @@ impl MemoryBackend {
     /// the states read, decided, and — when admitted — written back, all under the locks.
     pub fn decide_all(&self, request: &CompositeRequest<'_>) -> CompositeOutcome {
         let checks = request.checks();
-        let mut keys: Vec<Key> = Vec::with_capacity(checks.len());
+        let mut keys: Vec<Lookup<'_>> = Vec::with_capacity(checks.len());
         let mut key_of = Vec::with_capacity(checks.len());
         for check in checks {
-            let key = Key {
-                policy: check.policy().id().clone(),
+            let key = KeyRef {
+                policy: check.policy().id(),
                 revision: check.policy().revision(),
-                subject: *check.subject(),
+                subject: check.subject(),
             };
-            let index = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
-                keys.push(key);
+            let index = keys.iter().position(|k| k.key == key).unwrap_or_else(|| {
+                keys.push(self.store.lookup(key));
                 keys.len() - 1
             });
             key_of.push(index);
         }
-        let mut shards: Vec<usize> = keys.iter().map(|k| Store::shard_of(&k.subject)).collect();
+        let mut shards: Vec<usize> = keys.iter().map(Lookup::shard).collect();
         shards.sort_unstable();
         shards.dedup();
         let program_checks: Vec<composite::Check<'_>> = checks
@@ -229,8 +229,8 @@ impl MemoryBackend {
         // The second attempt follows a sweep of every shard when the cap was reached.
         for attempt in 0..2 {
             let mut locked: Vec<_> = shards.iter().map(|&i| self.store.lock(i)).collect();
-            let shard_slot = |key: &Key| {
-                let shard = Store::shard_of(&key.subject);
+            let shard_slot = |key: &Lookup<'_>| {
+                let shard = key.shard();
                 shards.iter().position(|&s| s == shard).unwrap_or(0)
             };
             // Read under the locks: see `decide`.
@@ -240,17 +240,12 @@ impl MemoryBackend {
             }
             let held: Vec<Held> = keys
                 .iter()
-                .map(|key| {
-                    match locked[shard_slot(key)]
-                        .shard
-                        .map
-                        .get(key)
-                        .and_then(|e| e.live(now))
-                    {
+                .map(
+                    |key| match locked[shard_slot(key)].get(key).and_then(|e| e.live(now)) {
                         Some(state) => Held::Present(*state),
                         None => Held::Absent,
-                    }
-                })
+                    },
+                )
                 .collect();
             let decided = composite::decide(&program_checks, &held, now, Mode::Commit);
             // Keys not in the map take a place in the cap (an expired entry still holds one).
@@ -258,16 +253,14 @@ impl MemoryBackend {
                 .writes
                 .iter()
                 .zip(&keys)
-                .filter(|(w, key)| {
-                    w.is_some() && !locked[shard_slot(key)].shard.map.contains_key(*key)
-                })
+                .filter(|(w, key)| w.is_some() && !locked[shard_slot(key)].contains(key))
                 .count();
             if self.store.reserve_many(new_subjects) {
                 for (key, write) in keys.iter().zip(&decided.writes) {
                     let Some(w) = write else { continue };
                     let l = &mut locked[shard_slot(key)];
                     let expires_at_ms = now.saturating_add(w.ttl_ms);
-                    l.put(key.clone(), w.state, expires_at_ms, w.keeps_expiry);
+                    l.put(key, w.state, expires_at_ms, w.keeps_expiry);
                 }
                 return CompositeOutcome::new(
                     checks

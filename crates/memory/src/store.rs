@@ -1,17 +1,19 @@
 //! Sharded map of per-subject state with TTL-based eviction and a global cap.
 //!
-//! Each shard is a `std::sync::Mutex<HashMap>` held only for one synchronous evaluation (no
-//! await while locked). Entries past their expiry behave as absent on lookup, so eviction
+//! Each shard is a `std::sync::Mutex` over a hash table, held only for one synchronous
+//! evaluation (no await while locked). A key is hashed once per request and looked up
+//! borrowed ([`Lookup`]): the owned [`Key`] is built only when a new subject is inserted. Entries past their expiry behave as absent on lookup, so eviction
 //! is only about memory and the cap: a shard is swept (one `retain` pass) at most once per
 //! [`SWEEP_INTERVAL_MS`] when something in it may have expired, and immediately when a new
 //! subject meets the cap.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use edgelimit_algorithm::State;
 use edgelimit_contract::{PolicyId, SubjectDigest};
+use hashbrown::HashTable;
 
 /// Number of shards: a power of two, well above the core counts this runs on, so two
 /// requests rarely wait for the same lock.
@@ -20,11 +22,58 @@ pub(crate) const SHARDS: usize = 64;
 /// Minimum time between two routine sweeps of one shard.
 pub(crate) const SWEEP_INTERVAL_MS: u64 = 1_000;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug)]
 pub(crate) struct Key {
-    pub policy: PolicyId,
+    policy: PolicyId,
+    revision: u64,
+    subject: SubjectDigest,
+}
+
+/// A key borrowed from the request. Building an owned [`Key`] per lookup would clone the
+/// policy id's `Arc`: an atomic write on a cache line every thread deciding that policy shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KeyRef<'a> {
+    pub policy: &'a PolicyId,
     pub revision: u64,
-    pub subject: SubjectDigest,
+    pub subject: &'a SubjectDigest,
+}
+
+impl KeyRef<'_> {
+    fn matches(&self, key: &Key) -> bool {
+        key.subject == *self.subject && key.revision == self.revision && key.policy == *self.policy
+    }
+
+    fn to_owned_key(self) -> Key {
+        Key {
+            policy: self.policy.clone(),
+            revision: self.revision,
+            subject: *self.subject,
+        }
+    }
+}
+
+/// A key with its hash, computed once for every step of one evaluation (lookup, cap check,
+/// write).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lookup<'a> {
+    pub key: KeyRef<'a>,
+    hash: u64,
+}
+
+impl Lookup<'_> {
+    /// The shard: the digest is an HMAC output, uniformly distributed, so its first bytes do.
+    pub fn shard(&self) -> usize {
+        Store::shard_of(self.key.subject)
+    }
+}
+
+/// One stored state with its key and hash (kept, so growing or shrinking a table rehashes
+/// nothing).
+#[derive(Debug)]
+struct Record {
+    key: Key,
+    hash: u64,
+    entry: Entry,
 }
 
 #[derive(Debug)]
@@ -42,7 +91,7 @@ impl Entry {
 
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
-    pub map: HashMap<Key, Entry>,
+    table: HashTable<Record>,
     /// Lower bound of every entry's expiry (`u64::MAX` when empty).
     earliest_expiry: u64,
     next_sweep_at: u64,
@@ -61,6 +110,9 @@ pub(crate) struct Store {
     slots: Box<[Slot]>,
     tracked: AtomicUsize,
     max_subjects: usize,
+    /// Seeded per process. The digests are keyed HMACs a client cannot choose, so a fast
+    /// hash (not SipHash) is safe here.
+    hasher: foldhash::fast::RandomState,
 }
 
 /// A locked shard, with what it needs to keep the global count and its expiry bound right.
@@ -85,11 +137,19 @@ impl Store {
             slots,
             tracked: AtomicUsize::new(0),
             max_subjects,
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    pub fn lookup<'a>(&self, key: KeyRef<'a>) -> Lookup<'a> {
+        Lookup {
+            key,
+            hash: self.hasher.hash_one(key),
         }
     }
 
     /// The digest is an HMAC output, uniformly distributed: its first bytes pick the shard.
-    pub fn shard_of(subject: &SubjectDigest) -> usize {
+    fn shard_of(subject: &SubjectDigest) -> usize {
         let b = subject.as_bytes();
         let n = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
         (n % SHARDS as u64) as usize
@@ -157,25 +217,58 @@ impl Locked<'_> {
         if now_ms < self.shard.earliest_expiry {
             return 0;
         }
-        let before = self.shard.map.len();
+        let table = &mut self.shard.table;
+        let before = table.len();
         let mut earliest = u64::MAX;
-        self.shard.map.retain(|_, e| {
-            let keep = e.expires_at_ms > now_ms;
+        table.retain(|r| {
+            let keep = r.entry.expires_at_ms > now_ms;
             if keep {
-                earliest = earliest.min(e.expires_at_ms);
+                earliest = earliest.min(r.entry.expires_at_ms);
             }
             keep
         });
-        let removed = before - self.shard.map.len();
+        let removed = before - table.len();
         // Give memory back after a burst of subjects has gone.
-        if self.shard.map.capacity() > 64 && self.shard.map.len() < self.shard.map.capacity() / 4 {
-            self.shard.map.shrink_to_fit();
+        if table.capacity() > 64 && table.len() < table.capacity() / 4 {
+            table.shrink_to_fit(|r| r.hash);
         }
         self.shard.earliest_expiry = earliest;
         self.shard.next_sweep_at = now_ms.saturating_add(SWEEP_INTERVAL_MS);
         self.slot.earliest_expiry.store(earliest, Ordering::Relaxed);
         self.store.tracked.fetch_sub(removed, Ordering::AcqRel);
         removed
+    }
+
+    pub fn get(&self, at: &Lookup<'_>) -> Option<&Entry> {
+        self.shard
+            .table
+            .find(at.hash, |r| at.key.matches(&r.key))
+            .map(|r| &r.entry)
+    }
+
+    pub fn get_mut(&mut self, at: &Lookup<'_>) -> Option<&mut Entry> {
+        self.shard
+            .table
+            .find_mut(at.hash, |r| at.key.matches(&r.key))
+            .map(|r| &mut r.entry)
+    }
+
+    pub fn contains(&self, at: &Lookup<'_>) -> bool {
+        self.get(at).is_some()
+    }
+
+    /// Adds an entry known to be absent.
+    fn insert_absent(&mut self, at: &Lookup<'_>, entry: Entry) {
+        self.note_expiry(entry.expires_at_ms);
+        self.shard.table.insert_unique(
+            at.hash,
+            Record {
+                key: at.key.to_owned_key(),
+                hash: at.hash,
+                entry,
+            },
+            |r| r.hash,
+        );
     }
 
     /// Notes a (new or changed) expiry so sweeps know when to look.
@@ -191,35 +284,117 @@ impl Locked<'_> {
     /// Stores `state` under `key`, whose place in the cap was already taken when it is new
     /// ([`Store::reserve_many`]). With `keeps_expiry` a present entry keeps its expiry, as the
     /// Redis programs leave a key's (`algorithm::Write::keeps_expiry`).
-    pub fn put(&mut self, key: Key, state: State, expires_at_ms: u64, keeps_expiry: bool) {
-        match self.shard.map.get_mut(&key) {
+    pub fn put(&mut self, at: &Lookup<'_>, state: State, expires_at_ms: u64, keeps_expiry: bool) {
+        match self.get_mut(at) {
             Some(entry) if keeps_expiry => entry.state = state,
             Some(entry) => {
                 entry.state = state;
                 entry.expires_at_ms = expires_at_ms;
                 self.note_expiry(expires_at_ms);
             }
-            None => {
-                self.note_expiry(expires_at_ms);
-                self.shard.map.insert(
-                    key,
-                    Entry {
-                        state,
-                        expires_at_ms,
-                    },
-                );
-            }
+            None => self.insert_absent(
+                at,
+                Entry {
+                    state,
+                    expires_at_ms,
+                },
+            ),
         }
     }
 
     /// Inserts a new subject if the cap allows, reclaiming expired entries of this shard
     /// first when it does not. False: the cap is reached and nothing here is evictable.
-    pub fn insert_new(&mut self, key: Key, entry: Entry, now_ms: u64) -> bool {
+    pub fn insert_new(&mut self, at: &Lookup<'_>, entry: Entry, now_ms: u64) -> bool {
         if !self.store.reserve() && (self.sweep(now_ms) == 0 || !self.store.reserve()) {
             return false;
         }
-        self.note_expiry(entry.expires_at_ms);
-        self.shard.map.insert(key, entry);
+        self.insert_absent(at, entry);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgelimit_algorithm::fixed_window;
+
+    fn state(consumed: u64) -> State {
+        State::FixedWindow(fixed_window::State {
+            last_observed_ms: 0,
+            window_id: 0,
+            consumed,
+        })
+    }
+
+    fn consumed(entry: Option<&Entry>) -> Option<u64> {
+        match entry?.state {
+            State::FixedWindow(s) => Some(s.consumed),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_key_is_found_only_under_its_own_policy_revision_and_subject() {
+        let store = Store::new(100);
+        let (a, b) = (PolicyId::new("a").unwrap(), PolicyId::new("b").unwrap());
+        let (s1, s2) = (
+            SubjectDigest::from_bytes([1; 32]),
+            SubjectDigest::from_bytes([2; 32]),
+        );
+        let key = |policy, revision, subject| KeyRef {
+            policy,
+            revision,
+            subject,
+        };
+        let at = store.lookup(key(&a, 1, &s1));
+        let mut locked = store.lock(at.shard());
+        locked.put(&at, state(7), 1_000, false);
+        assert_eq!(consumed(locked.get(&at)), Some(7));
+        // A lookup built afresh (its own borrow of an equal id) finds the same entry.
+        let same_id = PolicyId::new("a").unwrap();
+        assert_eq!(
+            consumed(locked.get(&store.lookup(key(&same_id, 1, &s1)))),
+            Some(7)
+        );
+        for other in [key(&b, 1, &s1), key(&a, 2, &s1)] {
+            assert!(!locked.contains(&store.lookup(other)));
+        }
+        drop(locked);
+        let elsewhere = store.lookup(key(&a, 1, &s2));
+        assert!(!store.lock(elsewhere.shard()).contains(&elsewhere));
+    }
+
+    #[test]
+    fn entries_survive_growth_and_shrinking_and_expired_ones_are_swept() {
+        let store = Store::new(10_000);
+        let policy = PolicyId::new("p").unwrap();
+        let subject = SubjectDigest::from_bytes([0; 32]);
+        let at = |revision| {
+            store.lookup(KeyRef {
+                policy: &policy,
+                revision,
+                subject: &subject,
+            })
+        };
+        // One shard (one subject), many revisions: the table grows well past 64 slots.
+        let mut locked = store.lock(at(0).shard());
+        for revision in 0..1_000 {
+            let expires = if revision < 990 { 10 } else { 1_000 };
+            assert!(locked.insert_new(
+                &at(revision),
+                Entry {
+                    state: state(revision),
+                    expires_at_ms: expires,
+                },
+                0
+            ));
+        }
+        assert_eq!(locked.sweep(20), 990);
+        assert_eq!(store.tracked(), 10);
+        // The sweep shrank the table; what is left is found by its stored hash.
+        for revision in 990..1_000 {
+            assert_eq!(consumed(locked.get(&at(revision))), Some(revision));
+        }
+        assert!(!locked.contains(&at(0)));
     }
 }
