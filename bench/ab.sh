@@ -17,6 +17,11 @@
 #   AB_CONCURRENCY=64
 #   AB_DOMAIN=bench_fixed_window   a domain of bench/policies
 #   AB_SERVER_ENV=""       extra environment for both servers, e.g. TOKIO_WORKER_THREADS=1
+#   AB_RATE=""             requests/s of a paced (open-loop) load instead of a closed loop.
+#                          At saturation the CPU per request also moves with how many answers
+#                          one wake-up of the server carries; at a rate both builds sustain
+#                          they do the same work at the same pace, so the CPU per request
+#                          compares the code alone.
 # The load generator is this checkout's release edgelimit-load (built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +39,8 @@ SCENARIO=${AB_SCENARIO:-distinct}
 CONC=${AB_CONCURRENCY:-64}
 DOMAIN=${AB_DOMAIN:-bench_fixed_window}
 SERVER_ENV=${AB_SERVER_ENV:-}
+RATE_ARGS=()
+[ -z "${AB_RATE:-}" ] || RATE_ARGS=(--rate "$AB_RATE")
 
 LOAD=target/release/edgelimit-load
 [ -x "$LOAD" ] || cargo build --release --locked --bin edgelimit-load 2>&1 | tail -n 1
@@ -81,11 +88,11 @@ run() {
     exit 1
   fi
   "$LOAD" --addr "$addr" --concurrency "$CONC" --duration 1s --domain "$DOMAIN" \
-    --scenario "$SCENARIO" --keys client,route,user --label warmup >/dev/null
+    --scenario "$SCENARIO" --keys client,route,user "${RATE_ARGS[@]}" --label warmup >/dev/null
   local t0 t1 out rps p99 answered errors
   t0=$(cpu_ticks "$pid")
   out=$("$LOAD" --addr "$addr" --concurrency "$CONC" --duration "${SECS}s" --domain "$DOMAIN" \
-    --scenario "$SCENARIO" --keys client,route,user --label "$label" | grep '^RESULT')
+    --scenario "$SCENARIO" --keys client,route,user "${RATE_ARGS[@]}" --label "$label" | grep '^RESULT')
   t1=$(cpu_ticks "$pid")
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
@@ -99,7 +106,7 @@ run() {
   echo "$label $rps $cpu $p99" >>"$WORK/results"
 }
 
-echo "== A/B $(date -u +%Y-%m-%dT%H:%M:%SZ): $BACKEND backend, $SCENARIO, concurrency $CONC, $ROUNDS rounds of ${SECS}s; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== A/B $(date -u +%Y-%m-%dT%H:%M:%SZ): $BACKEND backend, $SCENARIO, concurrency $CONC${AB_RATE:+, paced at $AB_RATE req/s}, $ROUNDS rounds of ${SECS}s; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "old: $OLD"
 echo "new: $NEW"
 for round in $(seq "$ROUNDS"); do
