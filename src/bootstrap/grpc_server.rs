@@ -27,7 +27,7 @@ use tonic::service::Routes;
 use tower::Service as _;
 
 use crate::contract::RateLimitPort;
-use crate::envoy::{parse_grpc_timeout, RateLimitServer};
+use crate::envoy::{grpc_timeout, RateLimitServer};
 
 /// HTTP/2 settings of the gRPC listener (from `limits`).
 #[derive(Debug, Clone)]
@@ -74,12 +74,7 @@ impl<B: RateLimitPort> hyper::service::Service<http::Request<Incoming>> for Disp
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
         if request.uri().path() == RateLimitServer::<B>::PATH {
-            let timeout = request
-                .headers()
-                .get("grpc-timeout")
-                .and_then(|v| v.to_str().ok())
-                .and_then(parse_grpc_timeout)
-                .unwrap_or(self.default_timeout);
+            let timeout = grpc_timeout(request.headers()).unwrap_or(self.default_timeout);
             let deadline = Instant::now() + timeout;
             return self
                 .rls

@@ -2,6 +2,20 @@
 
 use std::time::Duration;
 
+use http::{HeaderMap, HeaderName};
+
+/// By name, not by `&str`: a lookup by string parses and validates the name on every call.
+static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// The caller's timeout from a request's `grpc-timeout` header; `None` when absent or not a
+/// valid timeout.
+pub fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get(&GRPC_TIMEOUT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+}
+
 /// Parses a gRPC timeout value: at most 8 digits and a unit (H M S m u n).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
@@ -34,6 +48,16 @@ mod tests {
             parse_grpc_timeout("99999999n"),
             Some(Duration::from_nanos(99_999_999))
         );
+    }
+
+    #[test]
+    fn reads_the_timeout_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(grpc_timeout(&headers), None);
+        headers.insert("grpc-timeout", http::HeaderValue::from_static("250m"));
+        assert_eq!(grpc_timeout(&headers), Some(Duration::from_millis(250)));
+        headers.insert("grpc-timeout", http::HeaderValue::from_static("soon"));
+        assert_eq!(grpc_timeout(&headers), None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod translate;
 mod unary;
 pub mod wire;
 
-pub use deadline::parse_grpc_timeout;
+pub use deadline::{grpc_timeout, parse_grpc_timeout};
 pub use headers::{HeaderFacts, HeaderSettings, ReferenceHeaderNames};
 pub use limiter::RateLimiter;
 pub use service::RateLimitServer;

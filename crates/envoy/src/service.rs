@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use http::HeaderName;
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
@@ -25,7 +26,7 @@ use tonic::{Request, Response, Status};
 
 use edgelimit_contract::RateLimitPort;
 
-use crate::deadline::parse_grpc_timeout;
+use crate::deadline::grpc_timeout;
 use crate::limiter::RateLimiter;
 use crate::metrics::record_malformed_request;
 use crate::settings::FailureMode;
@@ -137,7 +138,7 @@ impl<B: RateLimitPort> RateLimitServer<B> {
             self.max_decoding_message_size,
             self.max_encoding_message_size,
         );
-        if request.headers().contains_key(GRPC_ENCODING) {
+        if request.headers().contains_key(&GRPC_ENCODING) {
             // No compression is offered: tonic negotiates and refuses it.
             let method = ShouldRateLimit(Arc::clone(&self.limiter), self.tracer.clone());
             return Box::pin(async move {
@@ -166,7 +167,7 @@ impl<B: RateLimitPort> RateLimitServer<B> {
     }
 }
 
-const GRPC_ENCODING: &str = "grpc-encoding";
+static GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 
 /// The limiter's answer to one decoded call, traced when tracing is configured.
 async fn answer<B: RateLimitPort>(
@@ -181,11 +182,7 @@ async fn answer<B: RateLimitPort>(
         Decoded::Malformed(_) => tracer.start(metadata, None, 0),
     });
     let started = Instant::now();
-    let timeout = metadata
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_grpc_timeout)
-        .unwrap_or(limiter.settings().default_timeout);
+    let timeout = grpc_timeout(metadata.as_ref()).unwrap_or(limiter.settings().default_timeout);
     let call = async move {
         let result = match &request {
             Decoded::Request(r) => limiter.decide_wire(r, started + timeout).await,

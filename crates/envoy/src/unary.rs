@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::CONTENT_TYPE;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use prost::Message;
 use tonic::codegen::StdError;
@@ -179,9 +179,12 @@ fn frame<M: Message>(message: &M, len: usize) -> Bytes {
     buf.freeze()
 }
 
+/// By name: inserting by `&str` parses and validates the name on every response.
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
 fn ok_trailers() -> HeaderMap {
     let mut trailers = HeaderMap::with_capacity(1);
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    trailers.insert(&GRPC_STATUS, HeaderValue::from_static("0"));
     trailers
 }
 
@@ -190,7 +193,7 @@ fn status_trailers(status: &Status) -> Option<HeaderMap> {
     // `add_header` fails only for a message that cannot be a header value, which the
     // percent-encoded text never is; the code alone is sent then.
     if status.add_header(&mut trailers).is_err() {
-        trailers.insert("grpc-status", HeaderValue::from(i32::from(status.code())));
+        trailers.insert(&GRPC_STATUS, HeaderValue::from(i32::from(status.code())));
     }
     Some(trailers)
 }
