@@ -76,12 +76,8 @@ run() {
   env $SERVER_ENV NO_COLOR=1 "$bin" serve --config "$config" >"$log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
-  for _ in $(seq 100); do
-    addr=$(grep -o 'grpc_addr=127\.0\.0\.1:[0-9]*' "$log" | head -n1 | cut -d= -f2 || true)
-    [ -z "$addr" ] || break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
+  await_grpc_addr "$log" "$pid" 100
+  addr=$GRPC_ADDR
   if [ -z "$addr" ]; then
     echo "error: $bin did not start:" >&2
     cat "$log" >&2

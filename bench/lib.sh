@@ -48,6 +48,20 @@ start_redis() {
   exit 1
 }
 
+# await_grpc_addr LOG PID TENTHS: the address the server logs as `grpc_addr=`, waiting up to
+# TENTHS tenths of a second; sets GRPC_ADDR, empty when the server ended or never logged it.
+GRPC_ADDR=
+await_grpc_addr() {
+  local log=$1 pid=$2 tries=$3
+  GRPC_ADDR=
+  for _ in $(seq "$tries"); do
+    GRPC_ADDR=$(sed -e 's/\x1b\[[0-9;]*m//g' "$log" | grep -o 'grpc_addr=127\.0\.0\.1:[0-9]*' | head -n1 | cut -d= -f2 || true)
+    [ -z "$GRPC_ADDR" ] || return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+}
+
 # CPU time (user + system, clock ticks) a process has used so far.
 TCK=$(getconf CLK_TCK)
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}' || echo 0; }

@@ -112,13 +112,9 @@ EOF
   env $SERVER_ENV NO_COLOR=1 "$SERVER_BIN" serve --config "$config" >"$log" 2>&1 &
   EDGE_PID=$!
   PIDS+=("$EDGE_PID")
-  EDGE_ADDR=
-  for _ in $(seq 100); do
-    EDGE_ADDR=$(sed -e 's/\x1b\[[0-9;]*m//g' "$log" | grep -o 'grpc_addr=127\.0\.0\.1:[0-9]*' | head -n1 | cut -d= -f2 || true)
-    if [ -n "$EDGE_ADDR" ]; then return 0; fi
-    if ! kill -0 "$EDGE_PID" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
+  await_grpc_addr "$log" "$EDGE_PID" 100
+  EDGE_ADDR=$GRPC_ADDR
+  [ -z "$EDGE_ADDR" ] || return 0
   echo "error: edgelimit ($name) did not start:" >&2
   cat "$log" >&2
   exit 1

@@ -58,12 +58,9 @@ count() {
     "$bin" serve --config "$dir/server.yaml" >"$dir/server.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
-  for _ in $(seq 600); do
-    addr=$(grep -o 'grpc_addr=127\.0\.0\.1:[0-9]*' "$dir/server.log" | head -n1 | cut -d= -f2 || true)
-    [ -z "$addr" ] || break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
+  # Under valgrind the start takes seconds.
+  await_grpc_addr "$dir/server.log" "$pid" 600
+  addr=$GRPC_ADDR
   if [ -z "$addr" ]; then
     echo "error: $bin did not start under valgrind:" >&2
     cat "$dir/server.log" >&2
