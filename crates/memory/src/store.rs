@@ -2,10 +2,10 @@
 //!
 //! Each shard is a `std::sync::Mutex` over a hash table, held only for one synchronous
 //! evaluation (no await while locked). A key is hashed once per request and looked up
-//! borrowed ([`Lookup`]): the owned [`Key`] is built only when a new subject is inserted. Entries past their expiry behave as absent on lookup, so eviction
-//! is only about memory and the cap: a shard is swept (one `retain` pass) at most once per
-//! [`SWEEP_INTERVAL_MS`] when something in it may have expired, and immediately when a new
-//! subject meets the cap.
+//! borrowed ([`Lookup`]): the owned [`Key`] is built only when a new subject is inserted.
+//! Entries past their expiry behave as absent on lookup, so eviction is only about memory and
+//! the cap: a shard is swept (one `retain` pass) at most once per [`SWEEP_INTERVAL_MS`] when
+//! something in it may have expired, and immediately when a new subject meets the cap.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -117,7 +117,7 @@ pub(crate) struct Store {
 
 /// A locked shard, with what it needs to keep the global count and its expiry bound right.
 pub(crate) struct Locked<'a> {
-    pub shard: MutexGuard<'a, Shard>,
+    shard: MutexGuard<'a, Shard>,
     slot: &'a Slot,
     store: &'a Store,
 }
