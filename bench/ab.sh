@@ -76,13 +76,8 @@ run() {
   env $SERVER_ENV NO_COLOR=1 "$bin" serve --config "$config" >"$log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
-  await_grpc_addr "$log" "$pid" 100
+  await_grpc_addr "$log" "$pid" 100 "$bin"
   addr=$GRPC_ADDR
-  if [ -z "$addr" ]; then
-    echo "error: $bin did not start:" >&2
-    cat "$log" >&2
-    exit 1
-  fi
   "$LOAD" --addr "$addr" --concurrency "$CONC" --duration 1s --domain "$DOMAIN" \
     --scenario "$SCENARIO" --keys client,route,user "${RATE_ARGS[@]}" --label warmup >/dev/null
   local t0 t1 out rps p99 answered errors

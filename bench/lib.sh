@@ -48,18 +48,22 @@ start_redis() {
   exit 1
 }
 
-# await_grpc_addr LOG PID TENTHS: the address the server logs as `grpc_addr=`, waiting up to
-# TENTHS tenths of a second; sets GRPC_ADDR, empty when the server ended or never logged it.
+# await_grpc_addr LOG PID TENTHS WHAT: the address the server logs as `grpc_addr=`, waiting up
+# to TENTHS tenths of a second; sets GRPC_ADDR. When the server ends or never logs it, prints
+# "WHAT did not start" and its log, and exits 1.
 GRPC_ADDR=
 await_grpc_addr() {
-  local log=$1 pid=$2 tries=$3
+  local log=$1 pid=$2 tries=$3 what=$4
   GRPC_ADDR=
   for _ in $(seq "$tries"); do
     GRPC_ADDR=$(sed -e 's/\x1b\[[0-9;]*m//g' "$log" | grep -o 'grpc_addr=127\.0\.0\.1:[0-9]*' | head -n1 | cut -d= -f2 || true)
     [ -z "$GRPC_ADDR" ] || return 0
-    kill -0 "$pid" 2>/dev/null || return 0
+    kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
+  echo "error: $what did not start:" >&2
+  cat "$log" >&2
+  exit 1
 }
 
 # CPU time (user + system, clock ticks) a process has used so far.

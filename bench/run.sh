@@ -112,12 +112,8 @@ EOF
   env $SERVER_ENV NO_COLOR=1 "$SERVER_BIN" serve --config "$config" >"$log" 2>&1 &
   EDGE_PID=$!
   PIDS+=("$EDGE_PID")
-  await_grpc_addr "$log" "$EDGE_PID" 100
+  await_grpc_addr "$log" "$EDGE_PID" 100 "edgelimit ($name)"
   EDGE_ADDR=$GRPC_ADDR
-  [ -z "$EDGE_ADDR" ] || return 0
-  echo "error: edgelimit ($name) did not start:" >&2
-  cat "$log" >&2
-  exit 1
 }
 stop_edgelimit() {
   kill "$EDGE_PID" 2>/dev/null || true

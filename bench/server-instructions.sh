@@ -59,13 +59,8 @@ count() {
   pid=$!
   PIDS+=("$pid")
   # Under valgrind the start takes seconds.
-  await_grpc_addr "$dir/server.log" "$pid" 600
+  await_grpc_addr "$dir/server.log" "$pid" 600 "$bin under valgrind"
   addr=$GRPC_ADDR
-  if [ -z "$addr" ]; then
-    echo "error: $bin did not start under valgrind:" >&2
-    cat "$dir/server.log" >&2
-    exit 1
-  fi
   local load=("$LOAD" --addr "$addr" --concurrency "$CONC" --domain "$DOMAIN"
     --scenario "$SCENARIO" --keys client,route,user)
   "${load[@]}" --duration "${WARM}s" --label warmup >/dev/null
