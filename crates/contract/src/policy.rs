@@ -31,6 +31,18 @@ impl PolicyId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// An equal id that shares no reference count with this one. A store that clones an id
+    /// into many entries from several threads keeps its own copy per lock, so those clones do
+    /// not all write one shared cache line.
+    pub fn separate_copy(&self) -> Self {
+        Self(Arc::from(&*self.0))
+    }
+
+    /// True when no other clone of this copy exists (a store may then drop its copy).
+    pub fn is_sole_holder(&self) -> bool {
+        Arc::strong_count(&self.0) == 1
+    }
 }
 
 impl fmt::Debug for PolicyId {
@@ -296,6 +308,22 @@ mod tests {
             PolicyId::new("x{y}").is_err(),
             "braces would change cluster slots"
         );
+    }
+
+    #[test]
+    fn a_separate_copy_is_equal_but_counts_its_holders_alone() {
+        let original = id();
+        let copy = original.separate_copy();
+        assert_eq!(copy, original);
+        assert!(copy.is_sole_holder());
+        let held = copy.clone();
+        assert!(!copy.is_sole_holder(), "a clone of the copy holds it too");
+        assert!(
+            original.is_sole_holder(),
+            "the original is not shared with the copy"
+        );
+        drop(held);
+        assert!(copy.is_sole_holder());
     }
 
     #[test]

@@ -42,14 +42,6 @@ impl KeyRef<'_> {
     fn matches(&self, key: &Key) -> bool {
         key.subject == *self.subject && key.revision == self.revision && key.policy == *self.policy
     }
-
-    fn to_owned_key(self) -> Key {
-        Key {
-            policy: self.policy.clone(),
-            revision: self.revision,
-            subject: *self.subject,
-        }
-    }
 }
 
 /// A key with its hash, computed once for every step of one evaluation (lookup, cap check,
@@ -92,6 +84,10 @@ impl Entry {
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
     table: HashTable<Record>,
+    /// This shard's own copy of every policy id its entries hold ([`PolicyId::separate_copy`]).
+    /// A new entry clones the copy, under this shard's lock: cloning the request's id instead
+    /// would write a reference count that every thread deciding that policy shares.
+    policies: HashTable<PolicyId>,
     /// Lower bound of every entry's expiry (`u64::MAX` when empty).
     earliest_expiry: u64,
     next_sweep_at: u64,
@@ -232,6 +228,10 @@ impl Locked<'_> {
         if table.capacity() > 64 && table.len() < table.capacity() / 4 {
             table.shrink_to_fit(|r| r.hash);
         }
+        if removed > 0 {
+            // A copy that only this list holds belongs to no entry any more.
+            self.shard.policies.retain(|p| !p.is_sole_holder());
+        }
         self.shard.earliest_expiry = earliest;
         self.shard.next_sweep_at = now_ms.saturating_add(SWEEP_INTERVAL_MS);
         self.slot.earliest_expiry.store(earliest, Ordering::Relaxed);
@@ -260,15 +260,35 @@ impl Locked<'_> {
     /// Adds an entry known to be absent.
     fn insert_absent(&mut self, at: &Lookup<'_>, entry: Entry) {
         self.note_expiry(entry.expires_at_ms);
+        let key = Key {
+            policy: self.shard_policy(at.key.policy),
+            revision: at.key.revision,
+            subject: *at.key.subject,
+        };
         self.shard.table.insert_unique(
             at.hash,
             Record {
-                key: at.key.to_owned_key(),
+                key,
                 hash: at.hash,
                 entry,
             },
             |r| r.hash,
         );
+    }
+
+    /// A clone of this shard's copy of `policy`, made on first use.
+    fn shard_policy(&mut self, policy: &PolicyId) -> PolicyId {
+        let hasher = &self.store.hasher;
+        self.shard
+            .policies
+            .entry(
+                hasher.hash_one(policy),
+                |p| p == policy,
+                |p| hasher.hash_one(p),
+            )
+            .or_insert_with(|| policy.separate_copy())
+            .get()
+            .clone()
     }
 
     /// Notes a (new or changed) expiry so sweeps know when to look.
@@ -362,6 +382,41 @@ mod tests {
         drop(locked);
         let elsewhere = store.lookup(key(&a, 1, &s2));
         assert!(!store.lock(elsewhere.shard()).contains(&elsewhere));
+    }
+
+    #[test]
+    fn entries_hold_the_shards_copy_of_a_policy_id_until_they_are_swept() {
+        let store = Store::new(100);
+        let policy = PolicyId::new("p").unwrap();
+        let subject = SubjectDigest::from_bytes([3; 32]);
+        let at = |revision| {
+            store.lookup(KeyRef {
+                policy: &policy,
+                revision,
+                subject: &subject,
+            })
+        };
+        let mut locked = store.lock(at(0).shard());
+        for (revision, expires_at_ms) in [(0, 10), (1, 1_000)] {
+            let entry = Entry {
+                state: state(revision),
+                expires_at_ms,
+            };
+            assert!(locked.insert_new(&at(revision), entry, 0));
+        }
+        assert!(
+            policy.is_sole_holder(),
+            "entries must not clone the request's id"
+        );
+        assert_eq!(locked.shard.policies.len(), 1, "one copy for both entries");
+        assert_eq!(locked.sweep(20), 1);
+        assert_eq!(locked.shard.policies.len(), 1, "revision 1 still holds it");
+        assert_eq!(consumed(locked.get(&at(1))), Some(1));
+        assert_eq!(locked.sweep(2_000), 1);
+        assert!(
+            locked.shard.policies.is_empty(),
+            "no entry holds it any more"
+        );
     }
 
     #[test]
