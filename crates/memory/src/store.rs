@@ -353,6 +353,20 @@ mod tests {
         }
     }
 
+    /// One subject's key under `revision` (one shard for every revision).
+    fn at_revision<'a>(
+        store: &Store,
+        policy: &'a PolicyId,
+        subject: &'a SubjectDigest,
+        revision: u64,
+    ) -> Lookup<'a> {
+        store.lookup(KeyRef {
+            policy,
+            revision,
+            subject,
+        })
+    }
+
     #[test]
     fn a_key_is_found_only_under_its_own_policy_revision_and_subject() {
         let store = Store::new(100);
@@ -389,13 +403,7 @@ mod tests {
         let store = Store::new(100);
         let policy = PolicyId::new("p").unwrap();
         let subject = SubjectDigest::from_bytes([3; 32]);
-        let at = |revision| {
-            store.lookup(KeyRef {
-                policy: &policy,
-                revision,
-                subject: &subject,
-            })
-        };
+        let at = |revision| at_revision(&store, &policy, &subject, revision);
         let mut locked = store.lock(at(0).shard());
         for (revision, expires_at_ms) in [(0, 10), (1, 1_000)] {
             let entry = Entry {
@@ -424,13 +432,7 @@ mod tests {
         let store = Store::new(10_000);
         let policy = PolicyId::new("p").unwrap();
         let subject = SubjectDigest::from_bytes([0; 32]);
-        let at = |revision| {
-            store.lookup(KeyRef {
-                policy: &policy,
-                revision,
-                subject: &subject,
-            })
-        };
+        let at = |revision| at_revision(&store, &policy, &subject, revision);
         // One shard (one subject), many revisions: the table grows well past 64 slots.
         let mut locked = store.lock(at(0).shard());
         for revision in 0..1_000 {
