@@ -214,7 +214,8 @@ impl Programs {
                 .collect();
             let decided = composite::decide(&rust_checks, &own_held, server_now, *mode);
             assert_eq!(
-                lua, &decided.replies,
+                lua.as_slice(),
+                decided.replies.as_slice(),
                 "Lua batch vs Rust composite, {checks:?}"
             );
             for (i, key) in own.iter().enumerate() {
@@ -273,7 +274,8 @@ impl Programs {
             .collect();
         let decided = composite::decide(&rust_checks, &held, server_now, mode);
         assert_eq!(
-            replies, decided.replies,
+            replies,
+            decided.replies.as_slice(),
             "Lua vs Rust composite replies, {checks:?}"
         );
         for (i, key) in keys.iter().enumerate() {

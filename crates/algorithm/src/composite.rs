@@ -12,6 +12,14 @@
 
 use super::{evaluate, ProgramReply, State, Status, Stored, Write};
 use edgelimit_contract::RateLimitPolicy;
+use smallvec::SmallVec;
+
+/// Checks a request usually carries at most: lists of one entry per check or per key stay on
+/// the stack up to this many (a decision is otherwise several small heap allocations).
+pub const INLINE_CHECKS: usize = 4;
+
+/// A per-check (or per-key) list of one request.
+pub type PerCheck<T> = SmallVec<[T; INLINE_CHECKS]>;
 
 /// Whether a decision may store anything (the composite program's ARGV[2]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,19 +72,19 @@ impl Held {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
     /// One reply per check, in order.
-    pub replies: Vec<ProgramReply>,
+    pub replies: PerCheck<ProgramReply>,
     /// Whether every enforced check was `ALLOWED` (in [`Mode::Check`]: would be).
     pub admitted: bool,
     /// Per key: the state to store (`None`: leave the key as it is). All `None` when the
     /// request was not admitted.
-    pub writes: Vec<Option<Write>>,
+    pub writes: PerCheck<Option<Write>>,
 }
 
 /// Decides `checks` against `held` (one entry per key) at `server_now_ms`.
 pub fn decide(checks: &[Check<'_>], held: &[Held], server_now_ms: u64, mode: Mode) -> Decided {
-    let mut working: Vec<Held> = held.to_vec();
-    let mut writes: Vec<Option<Write>> = vec![None; held.len()];
-    let mut replies = Vec::with_capacity(checks.len());
+    let mut working: PerCheck<Held> = held.iter().copied().collect();
+    let mut writes: PerCheck<Option<Write>> = SmallVec::from_elem(None, held.len());
+    let mut replies = PerCheck::with_capacity(checks.len());
     let mut admitted = true;
     for check in checks {
         let Some(state) = working.get(check.key) else {
@@ -122,7 +130,7 @@ pub fn decide(checks: &[Check<'_>], held: &[Held], server_now_ms: u64, mode: Mod
     Decided {
         replies,
         admitted,
-        writes: vec![None; held.len()],
+        writes: SmallVec::from_elem(None, held.len()),
     }
 }
 

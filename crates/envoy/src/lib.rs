@@ -17,6 +17,10 @@ mod translate;
 mod unary;
 pub mod wire;
 
+/// A request's per-limit (or per-descriptor) list: most requests have a few, kept on the
+/// stack rather than in one heap allocation each.
+pub(crate) type PerLimit<T> = smallvec::SmallVec<[T; 4]>;
+
 pub use deadline::{grpc_timeout, parse_grpc_timeout};
 pub use headers::{HeaderFacts, HeaderSettings, ReferenceHeaderNames};
 pub use limiter::RateLimiter;

@@ -19,6 +19,7 @@ use crate::settings::ServiceSettings;
 use crate::subject::SubjectHasher;
 use crate::translate::{self, Hashers, Modes};
 use crate::wire;
+use crate::PerLimit;
 
 pub struct RateLimiter<B> {
     policies: Arc<ArcSwap<PolicySet>>,
@@ -123,7 +124,8 @@ impl<B: RateLimitPort> RateLimiter<B> {
         record_backend_failures(&outcomes);
         // During a rotation the old and the new subject of a limit both had to allow: report
         // the worse of the two.
-        let mut folded: Vec<Option<RateLimitOutcome>> = vec![None; plan.applied.len()];
+        let mut folded: PerLimit<Option<RateLimitOutcome>> =
+            smallvec::SmallVec::from_elem(None, plan.applied.len());
         for (&owner, outcome) in owner.iter().zip(outcomes) {
             let slot = &mut folded[owner];
             if slot
@@ -133,7 +135,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
                 *slot = Some(outcome);
             }
         }
-        let evaluated: Vec<Evaluated<'_, '_>> = plan
+        let evaluated: PerLimit<Evaluated<'_, '_>> = plan
             .applied
             .iter()
             .zip(folded)

@@ -11,6 +11,7 @@ use edgelimit_policy::{Limit, PolicySet, Rule, Unit};
 
 use crate::subject::SubjectHasher;
 use crate::wire::{Descriptor as RateLimitDescriptor, Request as RateLimitRequest};
+use crate::PerLimit;
 
 /// Limits on what one request may carry. Beyond them the call is `INVALID_ARGUMENT`.
 #[derive(Debug, Clone)]
@@ -254,8 +255,8 @@ pub(crate) fn plan<'p>(
         rules,
     } = applicable_limits(policies, request, modes)?;
     // One digest per descriptor (two while a secret rotates), shared by its limits.
-    let mut per_descriptor: Vec<Option<(SubjectDigest, Option<SubjectDigest>)>> =
-        vec![None; request.descriptors.len()];
+    let mut per_descriptor: PerLimit<Option<(SubjectDigest, Option<SubjectDigest>)>> =
+        smallvec::SmallVec::from_elem(None, request.descriptors.len());
     let subjects = applied
         .iter()
         .map(|item| {

@@ -17,7 +17,7 @@ mod store;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use edgelimit_algorithm::composite::{self, Held, Mode};
+use edgelimit_algorithm::composite::{self, Held, Mode, PerCheck};
 use edgelimit_algorithm::{self as algorithm, outcome_from_reply, ProgramReply, Stored};
 use edgelimit_contract::{
     BackendReadiness, CompositeOutcome, CompositeRequest, DecisionSource, IncompatibleCause,
@@ -198,8 +198,8 @@ impl MemoryBackend {
     /// the states read, decided, and — when admitted — written back, all under the locks.
     pub fn decide_all(&self, request: &CompositeRequest<'_>) -> CompositeOutcome {
         let checks = request.checks();
-        let mut keys: Vec<Lookup<'_>> = Vec::with_capacity(checks.len());
-        let mut key_of = Vec::with_capacity(checks.len());
+        let mut keys: PerCheck<Lookup<'_>> = PerCheck::with_capacity(checks.len());
+        let mut key_of: PerCheck<usize> = PerCheck::with_capacity(checks.len());
         for check in checks {
             let key = KeyRef {
                 policy: check.policy().id(),
@@ -212,10 +212,10 @@ impl MemoryBackend {
             });
             key_of.push(index);
         }
-        let mut shards: Vec<usize> = keys.iter().map(Lookup::shard).collect();
+        let mut shards: PerCheck<usize> = keys.iter().map(Lookup::shard).collect();
         shards.sort_unstable();
         shards.dedup();
-        let program_checks: Vec<composite::Check<'_>> = checks
+        let program_checks: PerCheck<composite::Check<'_>> = checks
             .iter()
             .zip(&key_of)
             .map(|(check, &key)| composite::Check {
@@ -228,7 +228,7 @@ impl MemoryBackend {
 
         // The second attempt follows a sweep of every shard when the cap was reached.
         for attempt in 0..2 {
-            let mut locked: Vec<_> = shards.iter().map(|&i| self.store.lock(i)).collect();
+            let mut locked: PerCheck<_> = shards.iter().map(|&i| self.store.lock(i)).collect();
             let shard_slot = |key: &Lookup<'_>| {
                 let shard = key.shard();
                 shards.iter().position(|&s| s == shard).unwrap_or(0)
@@ -238,7 +238,7 @@ impl MemoryBackend {
             for l in locked.iter_mut() {
                 l.maybe_sweep(now);
             }
-            let held: Vec<Held> = keys
+            let held: PerCheck<Held> = keys
                 .iter()
                 .map(
                     |key| match locked[shard_slot(key)].get(key).and_then(|e| e.live(now)) {
