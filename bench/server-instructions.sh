@@ -20,6 +20,7 @@
 #   SI_SCENARIO=distinct   edgelimit-load scenario: hot | distinct | multi
 #   SI_CONCURRENCY=8
 #   SI_DOMAIN=bench_fixed_window
+#   SI_KEEP=DIR            keep each run's callgrind output in DIR (for callgrind_annotate)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in valgrind callgrind_control; do
@@ -74,6 +75,13 @@ count() {
   ERRORS=$(echo "$out" | grep -o ' errors=[0-9]*' | cut -d= -f2)
   TOTAL=$(grep -h '^summary:' "$dir"/cg.out.* 2>/dev/null | head -n1 | awk '{print $2}' || true)
   [ -n "$TOTAL" ] || { echo "error: no callgrind dump for $bin" >&2; exit 1; }
+  if [ -n "${SI_KEEP:-}" ]; then
+    mkdir -p "$SI_KEEP"
+    KEPT=$((${KEPT:-0} + 1))
+    # The first dump is the measured load's (the one TOTAL is read from).
+    cp "$(ls "$dir"/cg.out.* | head -n1)" "$SI_KEEP/$KEPT.cg"
+    echo "kept $SI_KEEP/$KEPT.cg: $bin"
+  fi
 }
 
 echo "== server instructions per request $(date -u +%Y-%m-%dT%H:%M:%SZ): embedded backend, $SCENARIO, $DOMAIN, concurrency $CONC, ${SECS}s after ${WARM}s; valgrind $(valgrind --version)"
