@@ -6,6 +6,7 @@
 
 use crate::common::bytes_client::BytesClient;
 use crate::common::server::{metric, EdgelimitServer, ServerOptions, OK, OVER_LIMIT};
+use bytes::Bytes;
 use edgelimit::envoy::wire::{Descriptor, Entry, Request};
 use prost::Message;
 
@@ -21,13 +22,13 @@ descriptors:
 
 fn body(domain: &[u8], entries: &[(&[u8], &[u8])]) -> Vec<u8> {
     Request {
-        domain: domain.to_vec(),
+        domain: Bytes::copy_from_slice(domain),
         descriptors: vec![Descriptor {
             entries: entries
                 .iter()
                 .map(|(k, v)| Entry {
-                    key: k.to_vec(),
-                    value: v.to_vec(),
+                    key: Bytes::copy_from_slice(k),
+                    value: Bytes::copy_from_slice(v),
                 })
                 .collect(),
             ..Default::default()

@@ -309,9 +309,9 @@ fn digests(
         descriptor.entries.iter().enumerate().map(move |(i, e)| {
             let value = match rule {
                 Some(rule) => rule.subject_value(i, &e.value),
-                None => e.value.as_slice(),
+                None => &e.value[..],
             };
-            (e.key.as_slice(), value)
+            (&e.key[..], value)
         })
     };
     (
@@ -375,7 +375,7 @@ fn applicable_limits<'p>(
         let entries = descriptor
             .entries
             .iter()
-            .map(|e| (e.key.as_slice(), e.value.as_slice()));
+            .map(|e| (&e.key[..], &e.value[..]));
         let Some(rule) = policies.find(domain, entries) else {
             continue;
         };
@@ -492,6 +492,7 @@ fn override_limit(
 mod tests {
     use super::*;
     use crate::wire::Entry;
+    use bytes::Bytes;
     use envoy_types::pb::google::protobuf::UInt64Value;
 
     fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -499,8 +500,8 @@ mod tests {
             entries: entries
                 .iter()
                 .map(|(k, v)| Entry {
-                    key: k.as_bytes().to_vec(),
-                    value: v.as_bytes().to_vec(),
+                    key: Bytes::copy_from_slice(k.as_bytes()),
+                    value: Bytes::copy_from_slice(v.as_bytes()),
                 })
                 .collect(),
             ..Default::default()
@@ -509,7 +510,7 @@ mod tests {
 
     fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
         RateLimitRequest {
-            domain: domain.as_bytes().to_vec(),
+            domain: Bytes::copy_from_slice(domain.as_bytes()),
             descriptors,
             hits_addend: 0,
         }

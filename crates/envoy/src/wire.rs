@@ -4,16 +4,21 @@
 //! `string`, one non-UTF-8 byte fails the whole call, and Envoy's default
 //! `failure_mode_deny: false` lets every failed call through. As bytes, every request decodes
 //! and is matched, hashed and decided like any other.
+//!
+//! The bytes fields are [`Bytes`]: decoded from the call's message buffer they are slices of
+//! it (a reference count each), not an allocation and a copy per key and value.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 
+use bytes::Bytes;
+
 /// `envoy.service.ratelimit.v3.RateLimitRequest`, strings as bytes.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Request {
-    #[prost(bytes = "vec", tag = "1")]
-    pub domain: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub domain: Bytes,
     #[prost(message, repeated, tag = "2")]
     pub descriptors: Vec<Descriptor>,
     #[prost(uint32, tag = "3")]
@@ -36,16 +41,16 @@ pub struct Descriptor {
 /// `RateLimitDescriptor.Entry`, strings as bytes.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Entry {
-    #[prost(bytes = "vec", tag = "1")]
-    pub key: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub key: Bytes,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: Bytes,
 }
 
 impl From<&RateLimitRequest> for Request {
     fn from(r: &RateLimitRequest) -> Self {
         Request {
-            domain: r.domain.as_bytes().to_vec(),
+            domain: Bytes::copy_from_slice(r.domain.as_bytes()),
             descriptors: r
                 .descriptors
                 .iter()
@@ -54,8 +59,8 @@ impl From<&RateLimitRequest> for Request {
                         .entries
                         .iter()
                         .map(|e| Entry {
-                            key: e.key.as_bytes().to_vec(),
-                            value: e.value.as_bytes().to_vec(),
+                            key: Bytes::copy_from_slice(e.key.as_bytes()),
+                            value: Bytes::copy_from_slice(e.value.as_bytes()),
                         })
                         .collect(),
                     limit: d.limit,
@@ -107,10 +112,10 @@ mod tests {
     #[test]
     fn decodes_bytes_that_are_not_utf8() {
         let mut wire = Request::from(&envoy_request());
-        wire.domain = b"d\xff".to_vec();
+        wire.domain = Bytes::from_static(b"d\xff");
         wire.descriptors[0].entries[0] = Entry {
-            key: b"k\xc3".to_vec(),
-            value: b"\xfe\x00v".to_vec(),
+            key: Bytes::from_static(b"k\xc3"),
+            value: Bytes::from_static(b"\xfe\x00v"),
         };
         let bytes = wire.encode_to_vec();
         assert!(
