@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use criterion::Criterion;
 use edgelimit::algorithm::composite::Mode;
 use edgelimit::algorithm::outcome_from_reply;
@@ -27,7 +28,7 @@ use edgelimit::contract::{
     BackendReadiness, Certainty, CompositeOutcome, CompositeRequest, DecisionSource,
     RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitPort, SubjectDigest,
 };
-use edgelimit::envoy::{RateLimiter, ServiceSettings};
+use edgelimit::envoy::{wire, RateLimiter, ServiceSettings};
 use edgelimit::policy::{LoadOptions, PolicySet};
 use edgelimit::redis::{
     composite_invocation, invocation, parse_replies, parse_reply, CompositeCheck, KeyBuilder,
@@ -347,10 +348,16 @@ fn decide_now<B: RateLimitPort>(
 }
 
 /// The whole per-request CPU path as the server runs it, minus the network and HTTP/2:
-/// decode the protobuf request, decide, encode the protobuf response.
-fn wire_round<B: RateLimitPort>(limiter: &RateLimiter<B>, bytes: &[u8]) -> Vec<u8> {
-    let req = RateLimitRequest::decode(bytes).expect("decodes");
-    decide_now(limiter, &req).encode_to_vec()
+/// decode the protobuf request as the service does (`wire::Request` from the call's message
+/// buffer, its bytes fields slices of it), decide, encode the protobuf response.
+fn wire_round<B: RateLimitPort>(limiter: &RateLimiter<B>, message: &Bytes) -> Vec<u8> {
+    let req = wire::Request::decode(message.clone()).expect("decodes");
+    limiter
+        .decide_wire(&req, Instant::now() + Duration::from_secs(1))
+        .now_or_never()
+        .expect("fixture ports answer without waiting")
+        .expect("valid request")
+        .encode_to_vec()
 }
 
 struct Cases {
@@ -405,8 +412,8 @@ fn report_allocations(policies: &Arc<ArcSwap<PolicySet>>) {
     );
     let h = hasher();
     let set = policies.load_full();
-    let hot_bytes = c.hot.encode_to_vec();
-    let big_bytes = c.big_fallback.encode_to_vec();
+    let hot_bytes = Bytes::from(c.hot.encode_to_vec());
+    let big_bytes = Bytes::from(c.big_fallback.encode_to_vec());
     let rows: Vec<(&str, f64)> = vec![
         (
             "match 1,000 rules, key-only fallback",
@@ -579,7 +586,7 @@ fn benches(c: &mut Criterion, policies: &Arc<ArcSwap<PolicySet>>) {
         ("1000_rules_fallback", &k.big_fallback),
         ("3_descriptors", &k.multi),
     ] {
-        let bytes = req.encode_to_vec();
+        let bytes = Bytes::from(req.encode_to_vec());
         g.bench_function(name, |b| {
             b.iter(|| black_box(wire_round(&redis_cpu, &bytes)))
         });
