@@ -110,6 +110,16 @@ mod tests {
     }
 
     #[test]
+    fn values_decoded_from_a_message_buffer_are_slices_of_it() {
+        let message = Bytes::from(envoy_request().encode_to_vec());
+        let wire = Request::decode(message.clone()).unwrap();
+        let inside = |field: &Bytes| message.as_ptr_range().contains(&field.as_ptr());
+        let entry = &wire.descriptors[0].entries[0];
+        assert_eq!(&entry.value[..], b"10.0.0.1");
+        assert!(inside(&wire.domain) && inside(&entry.key) && inside(&entry.value));
+    }
+
+    #[test]
     fn decodes_bytes_that_are_not_utf8() {
         let mut wire = Request::from(&envoy_request());
         wire.domain = Bytes::from_static(b"d\xff");
