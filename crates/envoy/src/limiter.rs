@@ -125,7 +125,7 @@ impl<B: RateLimitPort> RateLimiter<B> {
         // During a rotation the old and the new subject of a limit both had to allow: report
         // the worse of the two.
         let mut folded: PerLimit<Option<RateLimitOutcome>> =
-            smallvec::SmallVec::from_elem(None, plan.applied.len());
+            PerLimit::from_elem(None, plan.applied.len());
         for (&owner, outcome) in owner.iter().zip(outcomes) {
             let slot = &mut folded[owner];
             if slot

@@ -256,7 +256,7 @@ pub(crate) fn plan<'p>(
     } = applicable_limits(policies, request, modes)?;
     // One digest per descriptor (two while a secret rotates), shared by its limits.
     let mut per_descriptor: PerLimit<Option<(SubjectDigest, Option<SubjectDigest>)>> =
-        smallvec::SmallVec::from_elem(None, request.descriptors.len());
+        PerLimit::from_elem(None, request.descriptors.len());
     let subjects = applied
         .iter()
         .map(|item| {
