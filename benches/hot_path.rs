@@ -340,8 +340,15 @@ fn decide_now<B: RateLimitPort>(
     limiter: &RateLimiter<B>,
     req: &RateLimitRequest,
 ) -> RateLimitResponse {
+    decide_wire_now(limiter, &wire::Request::from(req))
+}
+
+fn decide_wire_now<B: RateLimitPort>(
+    limiter: &RateLimiter<B>,
+    req: &wire::Request,
+) -> RateLimitResponse {
     limiter
-        .decide(req, Instant::now() + Duration::from_secs(1))
+        .decide_wire(req, Instant::now() + Duration::from_secs(1))
         .now_or_never()
         .expect("fixture ports answer without waiting")
         .expect("valid request")
@@ -352,12 +359,7 @@ fn decide_now<B: RateLimitPort>(
 /// buffer, its bytes fields slices of it), decide, encode the protobuf response.
 fn wire_round<B: RateLimitPort>(limiter: &RateLimiter<B>, message: &Bytes) -> Vec<u8> {
     let req = wire::Request::decode(message.clone()).expect("decodes");
-    limiter
-        .decide_wire(&req, Instant::now() + Duration::from_secs(1))
-        .now_or_never()
-        .expect("fixture ports answer without waiting")
-        .expect("valid request")
-        .encode_to_vec()
+    decide_wire_now(limiter, &req).encode_to_vec()
 }
 
 struct Cases {
